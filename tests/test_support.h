@@ -1,0 +1,36 @@
+// Shared helpers for tests: where the real assets and committed fixtures are, and skipping cleanly when
+// the assets (which live beside the checkout, not in it) are absent.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace entropyinfer::testing {
+
+inline std::string assets_dir() { return ENTROPYINFER_ASSETS_DIR; }
+inline std::string fixtures_dir() { return ENTROPYINFER_FIXTURES_DIR; }
+inline std::string cli_path() { return ENTROPYINFER_CLI_PATH; }
+
+inline std::string asset_path(const std::string& relative) { return assets_dir() + "/" + relative; }
+
+inline std::string read_file_bytes(const std::string& path) {
+  std::ifstream stream(path, std::ios::binary);
+  std::ostringstream buffer;
+  buffer << stream.rdbuf();
+  return buffer.str();
+}
+
+}  // namespace entropyinfer::testing
+
+// Skips the current test, naming the missing asset, when it is not there.
+#define ENTROPYINFER_REQUIRE_ASSET(relative)                                                   \
+  do {                                                                                       \
+    if (!std::filesystem::exists(::entropyinfer::testing::asset_path(relative))) {          \
+      GTEST_SKIP() << "asset missing: " << ::entropyinfer::testing::asset_path(relative)     \
+                   << " (the shared assets folder is not beside this checkout)";             \
+    }                                                                                        \
+  } while (0)
