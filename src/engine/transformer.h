@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -30,9 +31,14 @@ class Transformer {
   const ModelConfig& config() const;
   size_t kv_cache_bytes() const;
 
+  // Called after each chunk of a forward pass with (tokens done, tokens total), for progress display.
+  using ProgressCallback = std::function<void(int64_t done, int64_t total)>;
+  void set_progress_callback(ProgressCallback callback);
+
  private:
   struct State;
   std::unique_ptr<State> state_;
+  ProgressCallback progress_;
 };
 
 }  // namespace entropyinfer

@@ -1,0 +1,193 @@
+// `entropyinfer bench`: prefill and decode speed on the CPU backend, printed next to the physical floor
+// measured in the same run (decode must stream every weight once per token, so memory bandwidth bounds
+// it). Markdown table on stdout, JSON on request.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "apps/entropyinfer/cli_common.h"
+#include "apps/entropyinfer/commands.h"
+#include "core/error.h"
+#include "engine/transformer.h"
+#include "model/random_model.h"
+
+namespace entropyinfer::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchArgs {
+  std::string model;
+  std::string random_model;
+  std::vector<int> prompt_tokens = {128, 512};
+  int decode_tokens = 32;
+  int repetitions = 3;
+  std::string json_path;
+};
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Copy bandwidth (bytes read + bytes written per second) over buffers far larger than the caches,
+// all threads, best of several passes.
+double measure_copy_bandwidth() {
+  const size_t bytes = size_t{256} << 20;
+  std::unique_ptr<char[]> source(new char[bytes]);
+  std::unique_ptr<char[]> destination(new char[bytes]);
+  std::memset(source.get(), 1, bytes);
+  std::memset(destination.get(), 2, bytes);
+  double best = 0.0;
+  for (int pass = 0; pass < 6; ++pass) {
+    const auto start = Clock::now();
+#pragma omp parallel
+    {
+      const size_t threads = static_cast<size_t>(omp_get_num_threads());
+      const size_t slice = bytes / threads;
+      const size_t begin = slice * static_cast<size_t>(omp_get_thread_num());
+      std::memcpy(destination.get() + begin, source.get() + begin, slice);
+    }
+    best = std::max(best, 2.0 * bytes / seconds_since(start));
+  }
+  return best;
+}
+
+// Bytes a single decode step must read: every matrix once (the embedding table only one row).
+double weight_bytes_per_token(const ModelWeights& weights) {
+  double total = static_cast<double>(weights.lm_head.numel()) + weights.final_norm.numel();
+  for (const LayerWeights& layer : weights.layers) {
+    for (const WeightView* view :
+         {&layer.attn_norm, &layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.q_bias, &layer.k_bias,
+          &layer.v_bias, &layer.o_proj, &layer.o_bias, &layer.q_norm, &layer.k_norm, &layer.mlp_norm,
+          &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
+      total += static_cast<double>(view->numel());
+    }
+  }
+  return total * sizeof(float);
+}
+
+void run_bench(const BenchArgs& args) {
+  if (args.model.empty() == args.random_model.empty()) {
+    throw Error("give exactly one of --model or --random-model");
+  }
+  if (args.decode_tokens < 1 || args.repetitions < 1) {
+    throw Error("--decode-tokens and --repetitions must be >= 1");
+  }
+  ModelWeights weights = args.model.empty()
+                             ? make_random_model(random_model_config(args.random_model), 1234)
+                             : load_model_with_progress(args.model);
+  const ModelConfig& config = weights.config;
+  const std::string model_name = args.model.empty() ? "random " + args.random_model : args.model;
+  std::fprintf(stderr, "measuring memory copy bandwidth...\n");
+  const double bandwidth = measure_copy_bandwidth();
+  const double weight_bytes = weight_bytes_per_token(weights);
+
+  nlohmann::json results = nlohmann::json::array();
+  std::ostringstream table;
+  table << "| model | params (M) | prompt | prefill tok/s | decode tok/s | decode ms/token | "
+           "floor tok/s | decode / floor |\n|---|---|---|---|---|---|---|---|\n";
+  std::mt19937 generator(7);
+  std::uniform_int_distribution<int32_t> token(0, config.vocab_size - 1);
+  for (int prompt_length : args.prompt_tokens) {
+    if (prompt_length < 1 || prompt_length + args.decode_tokens > config.max_position_embeddings) {
+      throw Error("prompt of " + std::to_string(prompt_length) + " tokens plus " +
+                  std::to_string(args.decode_tokens) + " decoded does not fit the model's " +
+                  std::to_string(config.max_position_embeddings) + "-token context");
+    }
+    std::vector<int32_t> prompt(prompt_length);
+    for (int32_t& id : prompt) id = token(generator);
+    Transformer model(weights, prompt_length + args.decode_tokens);
+    std::vector<double> prefill_times, decode_times;
+    for (int repetition = 0; repetition <= args.repetitions; ++repetition) {  // first is warm-up
+      model.reset();
+      auto start = Clock::now();
+      std::vector<float> logits = model.forward(prompt);
+      const double prefill = seconds_since(start);
+      int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      start = Clock::now();
+      for (int step = 0; step < args.decode_tokens; ++step) {
+        logits = model.forward(std::span(&next, 1));
+        next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      }
+      const double decode = seconds_since(start);
+      if (repetition > 0) {
+        prefill_times.push_back(prefill);
+        decode_times.push_back(decode);
+      }
+    }
+    const double prefill_rate = prompt_length / median(prefill_times);
+    const double decode_rate = args.decode_tokens / median(decode_times);
+    // KV bytes read by the average decode step (fp32 keys and values of every layer).
+    const double kv_bytes = 2.0 * config.num_layers * config.num_kv_heads * config.head_dim *
+                            sizeof(float) * (prompt_length + args.decode_tokens / 2.0);
+    // The floor: every byte a step must read, moved at the copy bandwidth (bytes read plus bytes
+    // written per second, the figure a memory system's peak is quoted in).
+    const double floor_rate = bandwidth / (weight_bytes + kv_bytes);
+    char row[512];
+    std::snprintf(row, sizeof(row), "| %s | %.1f | %d | %.1f | %.1f | %.2f | %.1f | %.2f |\n",
+                  model_name.c_str(), config.parameter_count() / 1e6, prompt_length, prefill_rate,
+                  decode_rate, 1000.0 / decode_rate, floor_rate, decode_rate / floor_rate);
+    table << row;
+    results.push_back({{"prompt_tokens", prompt_length},
+                       {"decode_tokens", args.decode_tokens},
+                       {"prefill_tokens_per_s", prefill_rate},
+                       {"decode_tokens_per_s", decode_rate},
+                       {"decode_ms_per_token", 1000.0 / decode_rate},
+                       {"decode_floor_tokens_per_s", floor_rate},
+                       {"decode_fraction_of_floor", decode_rate / floor_rate},
+                       {"prefill_seconds_median", median(prefill_times)},
+                       {"decode_seconds_median", median(decode_times)}});
+  }
+  std::printf("%s", table.str().c_str());
+  std::printf("\nmemory copy bandwidth %.2f GB/s (read+write); weights read per decode token %.1f MiB; "
+              "%d threads\n",
+              bandwidth / 1e9, weight_bytes / 1048576.0, omp_get_max_threads());
+  if (!args.json_path.empty()) {
+    const std::time_t now = std::time(nullptr);
+    char date[32];
+    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    nlohmann::json document = {{"date", date},
+                               {"model", model_name},
+                               {"parameters", config.parameter_count()},
+                               {"threads", omp_get_max_threads()},
+                               {"copy_bandwidth_bytes_per_s", bandwidth},
+                               {"weight_bytes_per_token", weight_bytes},
+                               {"results", results},
+                               {"markdown", table.str()}};
+    std::ofstream(args.json_path) << document.dump(2) << "\n";
+  }
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* command = app.add_subcommand("bench", "Measure prefill and decode speed");
+  command->add_option("-m,--model", args->model, "Model folder or llama2.c checkpoint");
+  command->add_option("--random-model", args->random_model,
+                      "A random-weight model of a named shape instead (llama-100m)");
+  command->add_option("-p,--prompt-tokens", args->prompt_tokens, "Prompt lengths to measure")
+      ->delimiter(',');
+  command->add_option("-n,--decode-tokens", args->decode_tokens, "Tokens decoded per measurement")
+      ->capture_default_str();
+  command->add_option("-r,--repetitions", args->repetitions, "Timed repetitions (median is reported)")
+      ->capture_default_str();
+  command->add_option("--json", args->json_path, "Also write the results as JSON to this file");
+  command->callback([args] { run_bench(*args); });
+}
+
+}  // namespace entropyinfer::cli

@@ -1,0 +1,67 @@
+#include "apps/entropyinfer/cli_common.h"
+
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace entropyinfer::cli {
+namespace {
+
+void print_load_progress(size_t done, size_t total, void*) {
+  if (total == 0) return;
+  std::fprintf(stderr, "\rloading weights: %5.1f%% of %.1f MiB", 100.0 * done / total,
+               total / 1048576.0);
+  if (done == total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+ModelWeights load_model_with_progress(const std::string& path) {
+  return load_model(path, print_load_progress, nullptr);
+}
+
+std::unique_ptr<Tokenizer> find_tokenizer(const std::string& model_path,
+                                          const std::string& tokenizer_path) {
+  namespace fs = std::filesystem;
+  if (!tokenizer_path.empty()) return load_tokenizer(tokenizer_path);
+  if (fs::is_directory(model_path)) return load_tokenizer(model_path);
+  const fs::path folder = fs::path(model_path).parent_path();
+  for (const char* name : {"tokenizer.bin"}) {
+    if (fs::exists(folder / name)) return load_tokenizer((folder / name).string());
+  }
+  for (const auto& entry : fs::directory_iterator(folder.empty() ? fs::path(".") : folder)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("tok", 0) == 0 && entry.path().extension() == ".bin" &&
+        entry.path() != fs::path(model_path)) {
+      return load_tokenizer(entry.path().string());
+    }
+  }
+  throw Error("no tokenizer found beside '" + model_path +
+              "': pass --tokenizer (a llama2.c tokenizer .bin, tokenizer.json or tokenizer.model)");
+}
+
+std::string read_prompt(const std::string& prompt, const std::string& prompt_file) {
+  if (!prompt.empty() && !prompt_file.empty()) {
+    throw Error("give either --prompt or --prompt-file, not both");
+  }
+  if (prompt_file.empty()) return prompt;
+  std::ifstream stream(prompt_file, std::ios::binary);
+  if (!stream) throw Error("cannot read prompt file '" + prompt_file + "'");
+  std::ostringstream text;
+  text << stream.rdbuf();
+  return text.str();
+}
+
+double peak_resident_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+}  // namespace entropyinfer::cli

@@ -1,0 +1,12 @@
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace entropyinfer::cli {
+
+// Each adds its subcommand to the app; the subcommand runs from its callback during parse().
+void register_generate(CLI::App& app);
+void register_tokenize(CLI::App& app);
+void register_bench(CLI::App& app);
+
+}  // namespace entropyinfer::cli

@@ -1,0 +1,123 @@
+// `entropyinfer generate`: load a model, tokenize the prompt (optionally as a chat), stream the
+// continuation, and end with a timing summary.
+#include <cstdio>
+#include <memory>
+
+#include "apps/entropyinfer/cli_common.h"
+#include "apps/entropyinfer/commands.h"
+#include "core/error.h"
+#include "engine/generation.h"
+#include "engine/transformer.h"
+
+namespace entropyinfer::cli {
+namespace {
+
+struct GenerateArgs {
+  std::string model;
+  std::string tokenizer;
+  std::string prompt;
+  std::string prompt_file;
+  int max_tokens = 256;
+  int context = 0;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  std::string sampler = "standard";
+  std::vector<std::string> stop;
+  bool no_bos = false;
+  bool quiet = false;
+};
+
+void run_generate(const GenerateArgs& args) {
+  SamplerOptions sampler;
+  sampler.temperature = args.temperature;
+  sampler.top_k = args.top_k;
+  sampler.top_p = args.top_p;
+  sampler.seed = args.seed;
+  sampler.mode = args.sampler == "llama2c" ? SamplerMode::kLlama2c : SamplerMode::kStandard;
+  validate_sampler_options(sampler);
+  if (args.max_tokens < 0) throw Error("--max-tokens must be >= 0");
+
+  const std::string prompt_text = read_prompt(args.prompt, args.prompt_file);
+  ModelWeights weights = load_model_with_progress(args.model);
+  std::unique_ptr<Tokenizer> tokenizer = find_tokenizer(args.model, args.tokenizer);
+
+  EncodeOptions encode;
+  encode.add_bos = !args.no_bos;
+  encode.parse_special = false;
+  std::vector<int32_t> prompt = tokenizer->encode(prompt_text, encode);
+  if (prompt.empty()) {
+    throw Error("the prompt encodes to no tokens and the tokenizer has no BOS; give a prompt");
+  }
+
+  Transformer model(weights, args.context);
+  if (static_cast<int64_t>(prompt.size()) > model.context_length()) {
+    throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the " +
+                std::to_string(model.context_length()) + "-token context");
+  }
+  if (prompt.size() > 1024) {
+    model.set_progress_callback([](int64_t done, int64_t total) {
+      std::fprintf(stderr, "\rprefill: %lld / %lld tokens", static_cast<long long>(done),
+                   static_cast<long long>(total));
+      if (done == total) std::fprintf(stderr, "\n");
+    });
+  }
+
+  GenerationOptions options;
+  options.max_tokens =
+      std::min<int>(args.max_tokens, model.context_length() - static_cast<int>(prompt.size()));
+  options.sampler = sampler;
+  options.stop_token_ids = weights.config.eos_token_ids;
+  for (int32_t id : tokenizer->eos_ids()) options.stop_token_ids.push_back(id);
+  options.stop_strings = args.stop;
+
+  const GenerationResult result = generate(model, *tokenizer, prompt, options, [](std::string_view text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  });
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  if (!args.quiet) {
+    std::fprintf(stderr,
+                 "\nprompt tokens: %d | prefill: %.3f s (%.1f tokens/s) | generated: %zu tokens, "
+                 "decode %.1f tokens/s | stop: %s | KV cache %.1f MiB | peak memory %.1f MiB\n",
+                 result.prompt_tokens, result.prefill_seconds,
+                 result.prompt_tokens / std::max(result.prefill_seconds, 1e-9), result.tokens.size(),
+                 result.decode_steps / std::max(result.decode_seconds, 1e-9), result.stop_reason.c_str(),
+                 model.kv_cache_bytes() / 1048576.0, peak_resident_mib());
+  }
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  CLI::App* command = app.add_subcommand("generate", "Generate text from a prompt");
+  command->add_option("-m,--model", args->model,
+                      "Hugging Face model folder or llama2.c checkpoint (.bin)")
+      ->required();
+  command->add_option("--tokenizer", args->tokenizer,
+                      "Tokenizer file (default: the model folder's own, or tok*.bin beside a .bin)");
+  command->add_option("-p,--prompt", args->prompt, "Prompt text");
+  command->add_option("-f,--prompt-file", args->prompt_file, "Read the prompt from a file");
+  command->add_option("-n,--max-tokens", args->max_tokens, "Most tokens to generate")
+      ->capture_default_str();
+  command->add_option("-c,--context", args->context,
+                      "Context length in tokens (default: the model's maximum)");
+  command->add_option("-t,--temperature", args->temperature, "Sampling temperature; 0 is greedy")
+      ->capture_default_str();
+  command->add_option("--top-k", args->top_k, "Sample among the k most likely tokens (0: all)");
+  command->add_option("--top-p", args->top_p, "Nucleus sampling mass (1: off)")->capture_default_str();
+  command->add_option("-s,--seed", args->seed, "Random seed")->capture_default_str();
+  command->add_option("--sampler", args->sampler,
+                      "standard, or llama2c to reproduce llama2.c's run.c sampling exactly")
+      ->check(CLI::IsMember({"standard", "llama2c"}))
+      ->capture_default_str();
+  command->add_option("--stop", args->stop, "Stop when this text appears (repeatable)");
+  command->add_flag("--no-bos", args->no_bos, "Do not prepend the BOS token");
+  command->add_flag("-q,--quiet", args->quiet, "No timing summary");
+  command->callback([args] { run_generate(*args); });
+}
+
+}  // namespace entropyinfer::cli

@@ -1,0 +1,198 @@
+#include "backends/cpu/cpu_ops.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace entropyinfer::cpu {
+namespace {
+
+// Eight floats as one value; GCC lowers it to AVX or SSE depending on the target clone. aligned(4)
+// allows unaligned loads straight from weight rows.
+typedef float Float8 __attribute__((vector_size(32), aligned(4)));
+
+inline float horizontal_sum(Float8 v) {
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+// Dot products of `Rows` weight rows with `Tokens` activation rows, each of length `in`. All Rows x
+// Tokens sums stay in registers while the shared k loop streams both operands once.
+template <int Rows, int Tokens>
+inline void dot_block(const float* const* w_rows, const float* const* x_rows, int64_t in,
+                      float (&result)[Rows][Tokens]) {
+  Float8 acc[Rows][Tokens] = {};
+  int64_t k = 0;
+  for (; k + 8 <= in; k += 8) {
+    Float8 wv[Rows];
+    for (int r = 0; r < Rows; ++r) wv[r] = *reinterpret_cast<const Float8*>(w_rows[r] + k);
+    for (int t = 0; t < Tokens; ++t) {
+      Float8 xv = *reinterpret_cast<const Float8*>(x_rows[t] + k);
+      for (int r = 0; r < Rows; ++r) acc[r][t] += wv[r] * xv;
+    }
+  }
+  for (int r = 0; r < Rows; ++r) {
+    for (int t = 0; t < Tokens; ++t) {
+      float sum = horizontal_sum(acc[r][t]);
+      for (int64_t kk = k; kk < in; ++kk) sum += w_rows[r][kk] * x_rows[t][kk];
+      result[r][t] = sum;
+    }
+  }
+}
+
+template <int Rows, int Tokens>
+inline void linear_tile(const float* x, int64_t t0, int64_t in, const float* w, const float* bias,
+                        int64_t o0, int64_t out, float* y) {
+  const float* w_rows[Rows];
+  const float* x_rows[Tokens];
+  for (int r = 0; r < Rows; ++r) w_rows[r] = w + (o0 + r) * in;
+  for (int t = 0; t < Tokens; ++t) x_rows[t] = x + (t0 + t) * in;
+  float result[Rows][Tokens];
+  dot_block<Rows, Tokens>(w_rows, x_rows, in, result);
+  for (int r = 0; r < Rows; ++r) {
+    float b = bias != nullptr ? bias[o0 + r] : 0.0f;
+    for (int t = 0; t < Tokens; ++t) y[(t0 + t) * out + o0 + r] = result[r][t] + b;
+  }
+}
+
+// Rows of one tile for a given token count: a 3x4 tile keeps 12 accumulators plus the operands within
+// 16 vector registers; a single token (decode) reads 4 weight rows per pass.
+template <int Tokens>
+void linear_rows(const float* x, int64_t t0, int64_t in, const float* w, const float* bias,
+                 int64_t row_begin, int64_t row_end, int64_t out, float* y) {
+  constexpr int kRows = Tokens == 1 ? 4 : 3;
+  int64_t o = row_begin;
+  for (; o + kRows <= row_end; o += kRows) linear_tile<kRows, Tokens>(x, t0, in, w, bias, o, out, y);
+  for (; o < row_end; ++o) linear_tile<1, Tokens>(x, t0, in, w, bias, o, out, y);
+}
+
+__attribute__((target_clones("arch=haswell", "default"))) void linear_kernel(
+    const float* x, int64_t tokens, int64_t in, const float* w, const float* bias, int64_t out,
+    float* y) {
+  // Rows are split into chunks small enough that a chunk of weights stays in L2 while every token
+  // block passes over it.
+  const int64_t row_chunk = std::max<int64_t>(12, std::min<int64_t>(96, (1 << 18) / std::max<int64_t>(in, 1) / 12 * 12));
+  const int64_t chunks = (out + row_chunk - 1) / row_chunk;
+#pragma omp parallel for schedule(static) if (tokens * in * out > (1 << 16))
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int64_t row_begin = chunk * row_chunk;
+    const int64_t row_end = std::min(out, row_begin + row_chunk);
+    int64_t t = 0;
+    for (; t + 4 <= tokens; t += 4) linear_rows<4>(x, t, in, w, bias, row_begin, row_end, out, y);
+    for (; t < tokens; ++t) linear_rows<1>(x, t, in, w, bias, row_begin, row_end, out, y);
+  }
+}
+
+__attribute__((target_clones("arch=haswell", "default"))) float dot(const float* a, const float* b,
+                                                                    int64_t n) {
+  const float* a_rows[1] = {a};
+  const float* b_rows[1] = {b};
+  float result[1][1];
+  dot_block<1, 1>(a_rows, b_rows, n, result);
+  return result[0][0];
+}
+
+}  // namespace
+
+void linear(const float* x, int64_t tokens, int64_t in, const float* w, const float* bias, int64_t out,
+            float* y) {
+  linear_kernel(x, tokens, in, w, bias, out, y);
+}
+
+void rms_norm(const float* x, const float* weight, int64_t rows, int64_t size, float eps, float* out) {
+#pragma omp parallel for schedule(static) if (rows > 16)
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* in_row = x + row * size;
+    float* out_row = out + row * size;
+    float sum_squares = 0.0f;
+    for (int64_t i = 0; i < size; ++i) sum_squares += in_row[i] * in_row[i];
+    const float inverse_rms = 1.0f / std::sqrt(sum_squares / static_cast<float>(size) + eps);
+    for (int64_t i = 0; i < size; ++i) out_row[i] = in_row[i] * inverse_rms * weight[i];
+  }
+}
+
+void add_inplace(float* x, const float* y, int64_t count) {
+#pragma omp parallel for simd schedule(static) if (count > (1 << 16))
+  for (int64_t i = 0; i < count; ++i) x[i] += y[i];
+}
+
+void swiglu_inplace(float* gate, const float* up, int64_t count) {
+#pragma omp parallel for schedule(static) if (count > (1 << 15))
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void softmax_inplace(float* x, int64_t count) {
+  float max_value = x[0];
+  for (int64_t i = 1; i < count; ++i) max_value = std::max(max_value, x[i]);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < count; ++i) {
+    x[i] = std::exp(x[i] - max_value);
+    sum += x[i];
+  }
+  const float inverse = 1.0f / sum;
+  for (int64_t i = 0; i < count; ++i) x[i] *= inverse;
+}
+
+void apply_rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const float* cos,
+                const float* sin, int64_t rotary_dim, bool adjacent_pairs) {
+  const int64_t half = rotary_dim / 2;
+#pragma omp parallel for schedule(static) if (tokens * heads > 256)
+  for (int64_t th = 0; th < tokens * heads; ++th) {
+    const int64_t t = th / heads;
+    float* head = x + th * head_dim;
+    const float* c = cos + t * half;
+    const float* s = sin + t * half;
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t first = adjacent_pairs ? 2 * i : i;
+      const int64_t second = adjacent_pairs ? 2 * i + 1 : i + half;
+      const float a = head[first];
+      const float b = head[second];
+      head[first] = a * c[i] - b * s[i];
+      head[second] = b * c[i] + a * s[i];
+    }
+  }
+}
+
+void causal_attention(const float* q, const float* key_cache, const float* value_cache,
+                      const AttentionShape& shape, float* out) {
+  const int64_t group = shape.q_heads / shape.kv_heads;
+  const int64_t head_dim = shape.head_dim;
+  const int64_t total = shape.tokens * shape.q_heads;
+#pragma omp parallel
+  {
+    std::vector<float> scores(static_cast<size_t>(shape.first_position + shape.tokens));
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t index = 0; index < total; ++index) {
+      // Query-major order keeps one query's long score row hot; later queries see more keys, so
+      // dynamic scheduling balances the causal triangle.
+      const int64_t t = index / shape.q_heads;
+      const int64_t head = index % shape.q_heads;
+      const int64_t kv_head = head / group;
+      const int64_t last_key = shape.first_position + t;
+      const int64_t first_key =
+          shape.window > 0 ? std::max<int64_t>(0, last_key - shape.window + 1) : 0;
+      const float* query = q + (t * shape.q_heads + head) * head_dim;
+      const float* keys = key_cache + kv_head * shape.cache_stride * head_dim;
+      const float* values = value_cache + kv_head * shape.cache_stride * head_dim;
+      const int64_t count = last_key - first_key + 1;
+      for (int64_t j = 0; j < count; ++j) {
+        scores[j] = dot(query, keys + (first_key + j) * head_dim, head_dim) * shape.scale;
+      }
+      softmax_inplace(scores.data(), count);
+      float* result = out + (t * shape.q_heads + head) * head_dim;
+      std::fill(result, result + head_dim, 0.0f);
+      for (int64_t j = 0; j < count; ++j) {
+        const float weight = scores[j];
+        const float* value = values + (first_key + j) * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) result[d] += weight * value[d];
+      }
+    }
+  }
+}
+
+}  // namespace entropyinfer::cpu

@@ -1,0 +1,96 @@
+#include "engine/generation.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "core/error.h"
+
+namespace entropyinfer {
+
+std::string StopStringFilter::push(std::string_view text, bool& stopped) {
+  pending_.append(text);
+  size_t earliest = std::string::npos;
+  for (const std::string& stop : stop_strings_) {
+    if (stop.empty()) continue;
+    earliest = std::min(earliest, pending_.find(stop));
+  }
+  if (earliest != std::string::npos) {
+    stopped = true;
+    std::string shown = pending_.substr(0, earliest);
+    pending_.clear();
+    return shown;
+  }
+  // Keep the longest tail that is the beginning of some stop string.
+  size_t held = 0;
+  for (const std::string& stop : stop_strings_) {
+    for (size_t length = std::min(stop.size() - 1, pending_.size()); length > held; --length) {
+      if (pending_.compare(pending_.size() - length, length, stop, 0, length) == 0) {
+        held = length;
+        break;
+      }
+    }
+  }
+  std::string shown = pending_.substr(0, pending_.size() - held);
+  pending_.erase(0, pending_.size() - held);
+  return shown;
+}
+
+std::string StopStringFilter::flush() { return std::exchange(pending_, std::string()); }
+
+GenerationResult generate(Transformer& model, const Tokenizer& tokenizer,
+                          std::span<const int32_t> prompt, const GenerationOptions& options,
+                          const TextCallback& on_text) {
+  if (prompt.empty()) throw Error("the prompt is empty: at least one token is needed");
+  if (options.max_tokens < 0) throw Error("max tokens must be >= 0");
+  if (model.position() + static_cast<int64_t>(prompt.size()) > model.context_length()) {
+    throw Error("the prompt has " + std::to_string(prompt.size()) +
+                " tokens but the model's context holds " + std::to_string(model.context_length()));
+  }
+  using Clock = std::chrono::steady_clock;
+  GenerationResult result;
+  result.prompt_tokens = static_cast<int>(prompt.size());
+  Sampler sampler(options.sampler);
+  StreamingDecoder decoder(tokenizer);
+  StopStringFilter filter(options.stop_strings);
+  auto emit = [&](const std::string& text) {
+    if (text.empty()) return;
+    result.text += text;
+    if (on_text) on_text(text);
+  };
+
+  const auto prefill_start = Clock::now();
+  std::vector<float> logits = model.forward(prompt);
+  const auto prefill_end = Clock::now();
+  result.prefill_seconds = std::chrono::duration<double>(prefill_end - prefill_start).count();
+
+  result.stop_reason = "max tokens";
+  bool stopped = false;
+  for (int step = 0; step < options.max_tokens; ++step) {
+    const int32_t next = sampler.sample(logits);
+    if (std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), next) !=
+        options.stop_token_ids.end()) {
+      result.stop_reason = "stop token";
+      break;
+    }
+    result.tokens.push_back(next);
+    emit(filter.push(decoder.push(next), stopped));
+    if (stopped) {
+      result.stop_reason = "stop string";
+      break;
+    }
+    if (step + 1 == options.max_tokens) break;
+    if (model.position() >= model.context_length()) {
+      result.stop_reason = "context full";
+      break;
+    }
+    logits = model.forward(std::span(&result.tokens.back(), 1));
+    ++result.decode_steps;
+  }
+  if (!stopped) emit(filter.push(decoder.flush(), stopped));
+  if (!stopped) emit(filter.flush());
+  result.decode_seconds = std::chrono::duration<double>(Clock::now() - prefill_end).count();
+  return result;
+}
+
+}  // namespace entropyinfer

@@ -1,0 +1,91 @@
+#include "model/random_model.h"
+
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+
+namespace entropyinfer {
+
+ModelConfig random_model_config(const std::string& name) {
+  ModelConfig config;
+  if (name == "llama-100m") {
+    config.architecture = "LlamaForCausalLM";
+    config.hidden_size = 768;
+    config.intermediate_size = 2048;
+    config.num_layers = 12;
+    config.num_heads = 12;
+    config.num_kv_heads = 4;
+    config.head_dim = 64;
+    config.vocab_size = 32000;
+    config.max_position_embeddings = 32768;
+    config.tied_embeddings = true;
+    config.rope.theta = 500000.0;
+    config.rope.rotary_dim = 64;
+    config.rms_norm_eps = 1e-5f;
+    config.torch_dtype = "float32";
+    return config;
+  }
+  throw Error("unknown random model shape '" + name + "' (known: llama-100m)");
+}
+
+ModelWeights make_random_model(const ModelConfig& config, uint64_t seed) {
+  ModelWeights weights;
+  weights.config = config;
+  std::mt19937_64 generator(seed);
+  auto make = [&](std::vector<int64_t> shape, float scale, bool ones) {
+    int64_t count = 1;
+    for (int64_t extent : shape) count *= extent;
+    auto buffer = std::make_unique<float[]>(static_cast<size_t>(count));
+    // A cheap linear congruential stream per tensor: drawing 100M values through <random>
+    // distributions would dominate start-up.
+    uint64_t state = generator();
+    for (int64_t i = 0; i < count; ++i) {
+      if (ones) {
+        buffer[i] = 1.0f;
+        continue;
+      }
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      const float unit = static_cast<float>(state >> 40) / static_cast<float>(1ull << 24);
+      buffer[i] = (2.0f * unit - 1.0f) * scale;
+    }
+    WeightView view{buffer.get(), std::move(shape)};
+    weights.owned_bytes += static_cast<size_t>(count) * sizeof(float);
+    weights.owned_buffers.push_back(std::move(buffer));
+    return view;
+  };
+  const int64_t hidden = config.hidden_size;
+  const int64_t q_width = static_cast<int64_t>(config.num_heads) * config.head_dim;
+  const int64_t kv_width = static_cast<int64_t>(config.num_kv_heads) * config.head_dim;
+  const float hidden_scale = 1.0f / std::sqrt(static_cast<float>(hidden));
+  weights.token_embedding = make({config.vocab_size, hidden}, 1.0f, false);
+  weights.final_norm = make({hidden}, 0.0f, true);
+  weights.lm_head = config.tied_embeddings ? weights.token_embedding
+                                           : make({config.vocab_size, hidden}, hidden_scale, false);
+  weights.layers.resize(config.num_layers);
+  for (LayerWeights& layer : weights.layers) {
+    layer.attn_norm = make({hidden}, 0.0f, true);
+    layer.q_proj = make({q_width, hidden}, hidden_scale, false);
+    layer.k_proj = make({kv_width, hidden}, hidden_scale, false);
+    layer.v_proj = make({kv_width, hidden}, hidden_scale, false);
+    layer.o_proj = make({hidden, q_width}, 1.0f / std::sqrt(static_cast<float>(q_width)), false);
+    if (config.qkv_bias) {
+      layer.q_bias = make({q_width}, 0.02f, false);
+      layer.k_bias = make({kv_width}, 0.02f, false);
+      layer.v_bias = make({kv_width}, 0.02f, false);
+    }
+    if (config.o_bias) layer.o_bias = make({hidden}, 0.02f, false);
+    if (config.qk_norm) {
+      layer.q_norm = make({config.head_dim}, 0.0f, true);
+      layer.k_norm = make({config.head_dim}, 0.0f, true);
+    }
+    layer.mlp_norm = make({hidden}, 0.0f, true);
+    layer.gate_proj = make({config.intermediate_size, hidden}, hidden_scale, false);
+    layer.up_proj = make({config.intermediate_size, hidden}, hidden_scale, false);
+    layer.down_proj = make({hidden, config.intermediate_size},
+                           1.0f / std::sqrt(static_cast<float>(config.intermediate_size)), false);
+  }
+  return weights;
+}
+
+}  // namespace entropyinfer

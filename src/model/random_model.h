@@ -1,0 +1,19 @@
+// Models of a real shape with random weights: speed does not depend on the values, so benchmarks use
+// these where no checkpoint of the shape can be downloaded.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/model_weights.h"
+
+namespace entropyinfer {
+
+// Named shapes: "llama-100m" (hidden 768, 12 layers, 12/4 heads, MLP 2048, vocab 32000, tied; about
+// 100M parameters). Throws Error for an unknown name.
+ModelConfig random_model_config(const std::string& name);
+
+// Weights drawn uniformly from [-scale, scale] with scale 1/sqrt(fan_in); norms at 1.
+ModelWeights make_random_model(const ModelConfig& config, uint64_t seed);
+
+}  // namespace entropyinfer

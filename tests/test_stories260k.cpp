@@ -1,0 +1,99 @@
+// The real stories260K model against llama2.c's own outputs: logits at the first positions, the greedy
+// token path, and (with the llama2.c tokenizer) the exact texts run.c printed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "engine/sampler.h"
+#include "engine/transformer.h"
+#include "model/model_weights.h"
+#include "test_support.h"
+
+namespace entropyinfer {
+namespace {
+
+using testing::asset_path;
+
+std::vector<int32_t> read_ids(const std::string& path) {
+  std::ifstream stream(path);
+  std::vector<int32_t> ids;
+  int32_t id;
+  while (stream >> id) ids.push_back(id);
+  return ids;
+}
+
+TEST(Stories260K, LogitsMatchLlama2cAtFirstEightPositions) {
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/greedy_logits_pos0-7.f32");
+  const ModelWeights weights = load_model(asset_path("stories260K/stories260K.bin"));
+  ASSERT_EQ(weights.config.vocab_size, 512);
+  const std::vector<int32_t> ids = read_ids(asset_path("stories260K/greedy_token_ids_n256.txt"));
+  ASSERT_GE(ids.size(), 8u);
+  const std::string raw = testing::read_file_bytes(asset_path("stories260K/greedy_logits_pos0-7.f32"));
+  ASSERT_EQ(raw.size(), 8u * 512u * sizeof(float));
+  std::vector<float> expected(8 * 512);
+  std::memcpy(expected.data(), raw.data(), raw.size());
+
+  // Once as one prefill of eight tokens, once token by token through the cache: both must agree with
+  // llama2.c, which always runs one token at a time.
+  Transformer batch(weights);
+  const std::vector<float> all = batch.forward(std::span(ids.data(), 8), /*all_logits=*/true);
+  Transformer stepwise(weights);
+  for (int position = 0; position < 8; ++position) {
+    const std::vector<float> step = stepwise.forward(std::span(ids.data() + position, 1));
+    for (int v = 0; v < 512; ++v) {
+      ASSERT_NEAR(all[position * 512 + v], expected[position * 512 + v], 1e-4)
+          << "prefill position " << position << " token " << v;
+      ASSERT_NEAR(step[v], expected[position * 512 + v], 1e-4)
+          << "stepwise position " << position << " token " << v;
+    }
+  }
+}
+
+TEST(Stories260K, GreedyTokenPathMatchesLlama2c) {
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  const ModelWeights weights = load_model(asset_path("stories260K/stories260K.bin"));
+  const std::vector<int32_t> expected = read_ids(asset_path("stories260K/greedy_token_ids_n256.txt"));
+  ASSERT_EQ(expected.size(), 257u);
+  Transformer model(weights);
+  std::vector<int32_t> path = {expected[0]};
+  while (path.size() < expected.size()) {
+    std::vector<float> logits = model.forward(std::span(&path.back(), 1));
+    path.push_back(argmax(logits));
+  }
+  EXPECT_EQ(path, expected);
+}
+
+TEST(Stories260K, PromptLongerThanContextIsAnError) {
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  const ModelWeights weights = load_model(asset_path("stories260K/stories260K.bin"));
+  Transformer model(weights);
+  std::vector<int32_t> too_long(513, 1);
+  try {
+    model.forward(too_long);
+    FAIL() << "a 513-token prompt must not fit a 512-token context";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("513"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(model.position(), 0);
+}
+
+TEST(Stories260K, TruncatedCheckpointIsAnError) {
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  const std::string full = testing::read_file_bytes(asset_path("stories260K/stories260K.bin"));
+  const std::string path = ::testing::TempDir() + "/truncated_stories.bin";
+  std::ofstream(path, std::ios::binary).write(full.data(), static_cast<std::streamsize>(full.size() / 2));
+  try {
+    load_model(path);
+    FAIL() << "a half checkpoint must not load";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("truncated"), std::string::npos) << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace entropyinfer
