@@ -8,9 +8,11 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "engine/generation.h"
 #include "engine/sampler.h"
 #include "engine/transformer.h"
 #include "model/model_weights.h"
+#include "tokenizer/tokenizer.h"
 #include "test_support.h"
 
 namespace entropyinfer {
@@ -66,6 +68,39 @@ TEST(Stories260K, GreedyTokenPathMatchesLlama2c) {
     path.push_back(argmax(logits));
   }
   EXPECT_EQ(path, expected);
+}
+
+// Runs llama2.c's generation from an empty prompt (BOS only) for `steps` positions, as run.c does, and
+// returns what run.c prints (the text plus its final newline).
+std::string llama2c_run(int steps, float temperature, float top_p, uint64_t seed) {
+  const ModelWeights weights = load_model(asset_path("stories260K/stories260K.bin"));
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(asset_path("stories260K/tok512.bin"));
+  Transformer model(weights);
+  GenerationOptions options;
+  options.max_tokens = steps;
+  options.sampler.temperature = temperature;
+  options.sampler.top_p = top_p;
+  options.sampler.seed = seed;
+  options.sampler.mode = SamplerMode::kLlama2c;
+  options.stop_token_ids = weights.config.eos_token_ids;
+  const std::vector<int32_t> prompt = {1};
+  return generate(model, *tokenizer, prompt, options).text + "\n";
+}
+
+TEST(Stories260K, GreedyTextMatchesLlama2cFor200And256Steps) {
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/tok512.bin");
+  EXPECT_EQ(llama2c_run(200, 0.0f, 0.9f, 0),
+            testing::read_file_bytes(asset_path("stories260K/expected_greedy_n200.txt")));
+  EXPECT_EQ(llama2c_run(256, 0.0f, 0.9f, 0),
+            testing::read_file_bytes(asset_path("stories260K/expected_greedy_n256.txt")));
+}
+
+TEST(Stories260K, SeededTopPSampleMatchesLlama2c) {
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/tok512.bin");
+  EXPECT_EQ(llama2c_run(256, 1.0f, 0.9f, 133742),
+            testing::read_file_bytes(asset_path("stories260K/expected_t1.0_p0.9_s133742.txt")));
 }
 
 TEST(Stories260K, PromptLongerThanContextIsAnError) {

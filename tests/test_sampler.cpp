@@ -1,0 +1,117 @@
+// Samplers and stop-string handling.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/generation.h"
+#include "engine/sampler.h"
+
+namespace entropyinfer {
+namespace {
+
+TEST(Sampler, GreedyPicksFirstMaximum) {
+  std::vector<float> logits = {0.1f, 2.0f, -1.0f, 2.0f};
+  Sampler sampler(SamplerOptions{});
+  EXPECT_EQ(sampler.sample(logits), 1);
+}
+
+TEST(Sampler, SameSeedSameSamplesDifferentSeedDifferentSamples) {
+  auto draw = [](uint64_t seed) {
+    SamplerOptions options;
+    options.temperature = 1.0f;
+    options.seed = seed;
+    Sampler sampler(options);
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 64; ++i) {
+      std::vector<float> logits(50, 0.0f);
+      ids.push_back(sampler.sample(logits));
+    }
+    return ids;
+  };
+  EXPECT_EQ(draw(3), draw(3));
+  EXPECT_NE(draw(3), draw(4));
+}
+
+TEST(Sampler, FrequenciesFollowSoftmaxAtTemperatureOne) {
+  for (SamplerMode mode : {SamplerMode::kStandard, SamplerMode::kLlama2c}) {
+    SamplerOptions options;
+    options.temperature = 1.0f;
+    options.seed = 11;
+    options.mode = mode;
+    Sampler sampler(options);
+    const std::vector<double> probabilities = {0.5, 0.3, 0.2};
+    std::vector<int> counts(3, 0);
+    const int draws = 20000;
+    for (int i = 0; i < draws; ++i) {
+      std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+      ++counts[sampler.sample(logits)];
+    }
+    // Five standard deviations of a binomial count: fails only if the sampler is biased.
+    for (int k = 0; k < 3; ++k) {
+      const double sigma = std::sqrt(draws * probabilities[k] * (1 - probabilities[k]));
+      EXPECT_NEAR(counts[k], draws * probabilities[k], 5 * sigma) << "token " << k;
+    }
+  }
+}
+
+TEST(Sampler, TopKAndTopPCutTheTail) {
+  SamplerOptions top_k;
+  top_k.temperature = 5.0f;  // flat enough that the tail would be drawn often
+  top_k.top_k = 2;
+  top_k.seed = 1;
+  Sampler k_sampler(top_k);
+  SamplerOptions top_p = top_k;
+  top_p.top_k = 0;
+  top_p.top_p = 0.5f;
+  Sampler p_sampler(top_p);
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<float> logits = {3.0f, 2.9f, 0.0f, -1.0f};
+    EXPECT_LT(k_sampler.sample(logits), 2);
+    std::vector<float> peaked = {10.0f, 0.0f, 0.0f, 0.0f};  // token 0 holds > 50% even at T = 5
+    EXPECT_EQ(p_sampler.sample(peaked), 0);
+  }
+}
+
+TEST(Sampler, NonsenseOptionsAreErrors) {
+  auto rejects = [](SamplerOptions options, const char* fragment) {
+    try {
+      Sampler sampler(options);
+      ADD_FAILURE() << "accepted options that should fail with '" << fragment << "'";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
+    }
+  };
+  SamplerOptions options;
+  options.temperature = -1.0f;
+  rejects(options, "temperature");
+  options = {};
+  options.top_p = 0.0f;
+  rejects(options, "top-p");
+  options.top_p = 1.5f;
+  rejects(options, "top-p");
+  options = {};
+  options.top_k = -3;
+  rejects(options, "top-k");
+}
+
+TEST(StopStringFilter, HoldsBackPrefixesAndCutsAtTheStop) {
+  StopStringFilter filter({"<|eot_id|>"});
+  bool stopped = false;
+  EXPECT_EQ(filter.push("Hello <|eo", stopped), "Hello ");
+  EXPECT_FALSE(stopped);
+  EXPECT_EQ(filter.push("t_id|> trailing", stopped), "");
+  EXPECT_TRUE(stopped);
+
+  StopStringFilter released({"STOP"});
+  stopped = false;
+  EXPECT_EQ(released.push("ST", stopped), "");
+  EXPECT_EQ(released.push("ART", stopped), "START");
+  EXPECT_EQ(released.push(" S", stopped), " ");
+  EXPECT_EQ(released.flush(), "S");
+  EXPECT_FALSE(stopped);
+}
+
+}  // namespace
+}  // namespace entropyinfer
