@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "engine/generation.h"
 #include "engine/transformer.h"
+#include "tokenizer/chat_format.h"
 
 namespace entropyinfer::cli {
 namespace {
@@ -27,6 +28,10 @@ struct GenerateArgs {
   std::vector<std::string> stop;
   bool no_bos = false;
   bool quiet = false;
+  bool chat = false;
+  std::string system;
+  std::string chat_format;
+  bool no_think = false;
 };
 
 void run_generate(const GenerateArgs& args) {
@@ -46,7 +51,25 @@ void run_generate(const GenerateArgs& args) {
   EncodeOptions encode;
   encode.add_bos = !args.no_bos;
   encode.parse_special = false;
-  std::vector<int32_t> prompt = tokenizer->encode(prompt_text, encode);
+  std::vector<std::string> stop_strings = args.stop;
+  std::string text = prompt_text;
+  if (args.chat) {
+    // The chat text already carries BOS and the turn markup as special tokens.
+    const ChatStyle style =
+        adapt_chat_style_to_tokenizer(select_chat_style(args.model, args.chat_format), *tokenizer);
+    std::vector<ChatMessage> messages;
+    if (!args.system.empty()) messages.push_back({"system", args.system});
+    messages.push_back({"user", prompt_text});
+    ChatOptions chat_options;
+    chat_options.enable_thinking = !args.no_think;
+    text = format_chat(style, messages, chat_options);
+    encode.add_bos = false;
+    encode.parse_special = true;
+    for (const std::string& stop : chat_stop_strings(style.format)) stop_strings.push_back(stop);
+  } else if (!args.system.empty() || !args.chat_format.empty()) {
+    throw Error("--system and --chat-format need --chat");
+  }
+  std::vector<int32_t> prompt = tokenizer->encode(text, encode);
   if (prompt.empty()) {
     throw Error("the prompt encodes to no tokens and the tokenizer has no BOS; give a prompt");
   }
@@ -70,7 +93,7 @@ void run_generate(const GenerateArgs& args) {
   options.sampler = sampler;
   options.stop_token_ids = weights.config.eos_token_ids;
   for (int32_t id : tokenizer->eos_ids()) options.stop_token_ids.push_back(id);
-  options.stop_strings = args.stop;
+  options.stop_strings = stop_strings;
 
   const GenerationResult result = generate(model, *tokenizer, prompt, options, [](std::string_view text) {
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -117,6 +140,12 @@ void register_generate(CLI::App& app) {
   command->add_option("--stop", args->stop, "Stop when this text appears (repeatable)");
   command->add_flag("--no-bos", args->no_bos, "Do not prepend the BOS token");
   command->add_flag("-q,--quiet", args->quiet, "No timing summary");
+  command->add_flag("--chat", args->chat, "Wrap the prompt as a user turn in the model's chat format");
+  command->add_option("--system", args->system, "System message for --chat");
+  command->add_option("--chat-format", args->chat_format,
+                      "Chat format instead of the one recognised in tokenizer_config.json "
+                      "(llama3, chatml, qwen3, mistral, mistral-v1, llama2)");
+  command->add_flag("--no-think", args->no_think, "Qwen 3: switch thinking off");
   command->callback([args] { run_generate(*args); });
 }
 

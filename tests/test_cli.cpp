@@ -1,0 +1,96 @@
+// The command-line tool end to end: real output on stories260K, and one clear error (exit status 1, no
+// crash) for each kind of bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "test_support.h"
+
+namespace entropyinfer {
+namespace {
+
+struct CommandResult {
+  int exit_code = -1;  // -1: killed by a signal (a crash)
+  std::string out;
+  std::string err;
+};
+
+CommandResult run_cli(const std::string& arguments) {
+  const std::string err_path = ::testing::TempDir() + "/cli_stderr.txt";
+  const std::string command = testing::cli_path() + " " + arguments + " 2>" + err_path;
+  CommandResult result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t count;
+  while ((count = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.out.append(buffer, count);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  result.err = testing::read_file_bytes(err_path);
+  return result;
+}
+
+std::string stories_model() { return testing::asset_path("stories260K/stories260K.bin"); }
+std::string stories_tokenizer() { return testing::asset_path("stories260K/tok512.bin"); }
+
+void expect_error(const CommandResult& result, const std::string& fragment) {
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find("error: "), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find(fragment), std::string::npos) << "expected '" << fragment << "' in: " << result.err;
+}
+
+TEST(Cli, GeneratesLlama2cGreedyTextExactly) {
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  const CommandResult result = run_cli("generate -m " + stories_model() + " --tokenizer " +
+                                       stories_tokenizer() + " -p '' -n 200 --sampler llama2c -t 0");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out, testing::read_file_bytes(testing::asset_path("stories260K/expected_greedy_n200.txt")));
+  EXPECT_NE(result.err.find("prefill"), std::string::npos) << "timing summary missing: " << result.err;
+  EXPECT_NE(result.err.find("decode"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("peak memory"), std::string::npos) << result.err;
+}
+
+TEST(Cli, MissingModelFolderIsOneClearError) {
+  expect_error(run_cli("generate -m /nonexistent/model -p hi"), "/nonexistent/model");
+}
+
+TEST(Cli, NonsenseSamplerOptionsAreErrors) {
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  expect_error(run_cli("generate -m " + stories_model() + " -p hi -t -1"), "temperature");
+  expect_error(run_cli("generate -m " + stories_model() + " -p hi --top-p 2"), "top-p");
+  const CommandResult unknown = run_cli("generate -m " + stories_model() + " -p hi --sampler bogus");
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_NE(unknown.exit_code, -1);
+}
+
+TEST(Cli, PromptLongerThanContextIsAnError) {
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  const std::string prompt_path = ::testing::TempDir() + "/long_prompt.txt";
+  std::ofstream prompt(prompt_path);
+  for (int i = 0; i < 400; ++i) prompt << "Once upon a time there was a girl. ";
+  prompt.close();
+  expect_error(run_cli("generate -m " + stories_model() + " --tokenizer " + stories_tokenizer() +
+                       " -f " + prompt_path),
+               "context");
+}
+
+TEST(Cli, MissingPromptFileAndMissingTokenizerAreErrors) {
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  expect_error(run_cli("generate -m " + stories_model() + " -f /nonexistent/prompt.txt"),
+               "/nonexistent/prompt.txt");
+  expect_error(run_cli("tokenize --tokenizer /nonexistent/tokenizer.json -p hi"),
+               "/nonexistent/tokenizer.json");
+}
+
+TEST(Cli, TokenizePrintsIds) {
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/tok512.bin");
+  const CommandResult result = run_cli("tokenize --tokenizer " + stories_tokenizer() + " -p 'Once upon a time' --ids --bos");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out.rfind("1 ", 0), 0u) << result.out;
+}
+
+}  // namespace
+}  // namespace entropyinfer
