@@ -111,73 +111,81 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
   const int64_t kv_width = static_cast<int64_t>(c.num_kv_heads) * head_dim;
   const int64_t vocab = c.vocab_size;
   const int64_t rotary_dim = c.rope.rotary_dim > 0 ? c.rope.rotary_dim : head_dim;
+  const int64_t first_position = s.position;
+  const int64_t chunk = std::min(kChunkTokens, n);
 
-  std::vector<float> logits(static_cast<size_t>((all_logits ? n : 1) * vocab));
+  // Layer-major: every layer sees the whole new span before the next starts, so a policy can plan a
+  // layer's attention from all of its queries and keys. Matrix products run in chunks so that only
+  // the residual stream and the queries are held for the whole span.
+  s.hidden.resize(n * hidden);
+  s.q.resize(n * q_width);
+  s.normed.resize(chunk * hidden);
+  s.k.resize(chunk * kv_width);
+  s.v.resize(chunk * kv_width);
+  s.attention.resize(chunk * q_width);
+  s.projected.resize(chunk * hidden);
+  s.gate.resize(chunk * c.intermediate_size);
+  s.up.resize(chunk * c.intermediate_size);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* row = w.token_embedding.data + static_cast<int64_t>(tokens[t]) * hidden;
+    std::copy(row, row + hidden, s.hidden.data() + t * hidden);
+  }
+  const RopeTables rope = rope_tables(c, first_position, n);
+  const int64_t half_rotary = rotary_dim / 2;
 
-  for (int64_t chunk_start = 0; chunk_start < n; chunk_start += kChunkTokens) {
-    const int64_t m = std::min(kChunkTokens, n - chunk_start);
-    const int64_t first_position = s.position;
-    s.hidden.resize(m * hidden);
-    s.normed.resize(m * hidden);
-    s.q.resize(m * q_width);
-    s.k.resize(m * kv_width);
-    s.v.resize(m * kv_width);
-    s.attention.resize(m * q_width);
-    s.projected.resize(m * hidden);
-    s.gate.resize(m * c.intermediate_size);
-    s.up.resize(m * c.intermediate_size);
-
-    for (int64_t t = 0; t < m; ++t) {
-      const float* row = w.token_embedding.data + static_cast<int64_t>(tokens[chunk_start + t]) * hidden;
-      std::copy(row, row + hidden, s.hidden.data() + t * hidden);
-    }
-    const RopeTables rope = rope_tables(c, first_position, m);
-
-    for (int layer_index = 0; layer_index < c.num_layers; ++layer_index) {
-      const LayerWeights& layer = w.layers[layer_index];
-      cpu::rms_norm(s.hidden.data(), layer.attn_norm.data, m, hidden, c.rms_norm_eps, s.normed.data());
-      cpu::linear(s.normed.data(), m, hidden, layer.q_proj.data, layer.q_bias.data, q_width, s.q.data());
+  for (int layer_index = 0; layer_index < c.num_layers; ++layer_index) {
+    const LayerWeights& layer = w.layers[layer_index];
+    float* key_cache = s.keys[layer_index].data();
+    float* value_cache = s.values[layer_index].data();
+    for (int64_t t0 = 0; t0 < n; t0 += chunk) {
+      const int64_t m = std::min(chunk, n - t0);
+      float* q = s.q.data() + t0 * q_width;
+      cpu::rms_norm(s.hidden.data() + t0 * hidden, layer.attn_norm.data, m, hidden, c.rms_norm_eps,
+                    s.normed.data());
+      cpu::linear(s.normed.data(), m, hidden, layer.q_proj.data, layer.q_bias.data, q_width, q);
       cpu::linear(s.normed.data(), m, hidden, layer.k_proj.data, layer.k_bias.data, kv_width, s.k.data());
       cpu::linear(s.normed.data(), m, hidden, layer.v_proj.data, layer.v_bias.data, kv_width, s.v.data());
       if (c.qk_norm) {
-        cpu::rms_norm(s.q.data(), layer.q_norm.data, m * c.num_heads, head_dim, c.rms_norm_eps, s.q.data());
+        cpu::rms_norm(q, layer.q_norm.data, m * c.num_heads, head_dim, c.rms_norm_eps, q);
         cpu::rms_norm(s.k.data(), layer.k_norm.data, m * c.num_kv_heads, head_dim, c.rms_norm_eps,
                       s.k.data());
       }
-      cpu::apply_rope(s.q.data(), m, c.num_heads, head_dim, rope.cos.data(), rope.sin.data(), rotary_dim,
+      const float* cos = rope.cos.data() + t0 * half_rotary;
+      const float* sin = rope.sin.data() + t0 * half_rotary;
+      cpu::apply_rope(q, m, c.num_heads, head_dim, cos, sin, rotary_dim, c.rope.rotate_adjacent_pairs);
+      cpu::apply_rope(s.k.data(), m, c.num_kv_heads, head_dim, cos, sin, rotary_dim,
                       c.rope.rotate_adjacent_pairs);
-      cpu::apply_rope(s.k.data(), m, c.num_kv_heads, head_dim, rope.cos.data(), rope.sin.data(),
-                      rotary_dim, c.rope.rotate_adjacent_pairs);
-
-      // Append this chunk's keys and values to the cache, head-major.
-      float* key_cache = s.keys[layer_index].data();
-      float* value_cache = s.values[layer_index].data();
+      // Append keys and values to the cache, head-major.
       for (int64_t t = 0; t < m; ++t) {
         for (int64_t head = 0; head < c.num_kv_heads; ++head) {
-          const int64_t slot = (head * s.capacity + first_position + t) * head_dim;
+          const int64_t slot = (head * s.capacity + first_position + t0 + t) * head_dim;
           std::memcpy(key_cache + slot, s.k.data() + (t * c.num_kv_heads + head) * head_dim,
                       sizeof(float) * head_dim);
           std::memcpy(value_cache + slot, s.v.data() + (t * c.num_kv_heads + head) * head_dim,
                       sizeof(float) * head_dim);
         }
       }
+    }
 
+    for (int64_t t0 = 0; t0 < n; t0 += chunk) {
+      const int64_t m = std::min(chunk, n - t0);
       cpu::AttentionShape shape;
       shape.tokens = m;
       shape.q_heads = c.num_heads;
       shape.kv_heads = c.num_kv_heads;
       shape.head_dim = head_dim;
-      shape.first_position = first_position;
+      shape.first_position = first_position + t0;
       shape.cache_stride = s.capacity;
       shape.window = c.sliding_window.value_or(0);
       shape.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-      cpu::causal_attention(s.q.data(), key_cache, value_cache, shape, s.attention.data());
-
+      cpu::causal_attention(s.q.data() + t0 * q_width, key_cache, value_cache, shape,
+                            s.attention.data());
+      float* residual = s.hidden.data() + t0 * hidden;
       cpu::linear(s.attention.data(), m, q_width, layer.o_proj.data, layer.o_bias.data, hidden,
                   s.projected.data());
-      cpu::add_inplace(s.hidden.data(), s.projected.data(), m * hidden);
+      cpu::add_inplace(residual, s.projected.data(), m * hidden);
 
-      cpu::rms_norm(s.hidden.data(), layer.mlp_norm.data, m, hidden, c.rms_norm_eps, s.normed.data());
+      cpu::rms_norm(residual, layer.mlp_norm.data, m, hidden, c.rms_norm_eps, s.normed.data());
       cpu::linear(s.normed.data(), m, hidden, layer.gate_proj.data, nullptr, c.intermediate_size,
                   s.gate.data());
       cpu::linear(s.normed.data(), m, hidden, layer.up_proj.data, nullptr, c.intermediate_size,
@@ -185,20 +193,20 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
       cpu::swiglu_inplace(s.gate.data(), s.up.data(), m * c.intermediate_size);
       cpu::linear(s.gate.data(), m, c.intermediate_size, layer.down_proj.data, nullptr, hidden,
                   s.projected.data());
-      cpu::add_inplace(s.hidden.data(), s.projected.data(), m * hidden);
+      cpu::add_inplace(residual, s.projected.data(), m * hidden);
     }
-    s.position += static_cast<int>(m);
+    if (progress_ && n > chunk) progress_(static_cast<int64_t>(layer_index + 1) * n / c.num_layers, n);
+  }
+  s.position += static_cast<int>(n);
 
-    if (all_logits) {
-      cpu::rms_norm(s.hidden.data(), w.final_norm.data, m, hidden, c.rms_norm_eps, s.normed.data());
-      cpu::linear(s.normed.data(), m, hidden, w.lm_head.data, nullptr, vocab,
-                  logits.data() + chunk_start * vocab);
-    } else if (chunk_start + m == n) {
-      const float* last = s.hidden.data() + (m - 1) * hidden;
-      cpu::rms_norm(last, w.final_norm.data, 1, hidden, c.rms_norm_eps, s.normed.data());
-      cpu::linear(s.normed.data(), 1, hidden, w.lm_head.data, nullptr, vocab, logits.data());
-    }
-    if (progress_) progress_(chunk_start + m, n);
+  std::vector<float> logits(static_cast<size_t>((all_logits ? n : 1) * vocab));
+  const int64_t first_row = all_logits ? 0 : n - 1;
+  for (int64_t t0 = first_row; t0 < n; t0 += chunk) {
+    const int64_t m = std::min(chunk, n - t0);
+    cpu::rms_norm(s.hidden.data() + t0 * hidden, w.final_norm.data, m, hidden, c.rms_norm_eps,
+                  s.normed.data());
+    cpu::linear(s.normed.data(), m, hidden, w.lm_head.data, nullptr, vocab,
+                logits.data() + (t0 - first_row) * vocab);
   }
   return logits;
 }
