@@ -31,23 +31,29 @@ class Tokenizer {
   // Looks up a token by its literal text (special tokens included); nullopt if absent.
   virtual std::optional<int32_t> token_id(std::string_view text) const = 0;
 
-  // Whole-sequence decoding. Default: concatenated token_bytes, minus a leading space the tokenizer
-  // itself inserted (SentencePiece-style).
+  // Whole-sequence decoding. Default: concatenated token_bytes (exact for byte-level BPE); tokenizers
+  // that insert a leading space themselves (SentencePiece-style) override it to drop that space.
   virtual std::string decode(const std::vector<int32_t>& ids) const;
 };
 
 // Turns a stream of token ids into text that never splits a UTF-8 character: bytes of an incomplete
-// character are held back until the character completes.
+// character are held back until the character completes. Everything it returns is valid UTF-8; a byte
+// sequence that can never become a character is emitted as U+FFFD as soon as that is certain, so nothing
+// is held forever. For valid text, the concatenated output equals decode() of the whole id sequence,
+// including the tokenizer's own leading-space rules (each token's text is taken as what decode() adds
+// for it after the few tokens before it).
 class StreamingDecoder {
  public:
   explicit StreamingDecoder(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
   std::string push(int32_t id);
-  std::string flush();  // whatever is held back (invalid trailing bytes) at the end of the stream
+  std::string flush();  // whatever is held back (invalid trailing bytes, as U+FFFD) at the end
 
  private:
+  std::string take_complete_characters();
+
   const Tokenizer& tokenizer_;
   std::string pending_;
-  bool first_ = true;
+  std::vector<int32_t> recent_ids_;  // the last few ids, the context decode() rules depend on
 };
 
 // Loads the tokenizer that belongs to a model: tokenizer.json, tokenizer.model (SentencePiece or
