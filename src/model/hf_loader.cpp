@@ -1,0 +1,390 @@
+// Loads a Hugging Face model folder: config.json, then the weights from model.safetensors or from
+// the shards that model.safetensors.index.json names. Every tensor the configuration calls for is
+// looked up by its Hugging Face name and its shape checked against config.json before any data is
+// used, so a folder whose files disagree ends in one Error naming the tensor, not in a wrong answer
+// later.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "model/model_weights.h"
+#include "model/safetensors.h"
+
+namespace entropyinfer {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kSingleFileName = "model.safetensors";
+constexpr const char* kIndexFileName = "model.safetensors.index.json";
+// Tensors below this many elements are widened on one thread: spawning a team costs more.
+constexpr int64_t kParallelWidenThreshold = 1 << 16;
+// How many names an error message lists before it summarises the rest.
+constexpr size_t kNamesListed = 8;
+
+struct TensorSource {
+  const SafetensorsTensor* tensor = nullptr;
+  size_t file_index = 0;
+};
+
+// Every tensor of the checkpoint by name, with the files (one mapping per file) that hold them.
+struct TensorCatalog {
+  std::vector<SafetensorsFile> files;
+  std::unordered_map<std::string, TensorSource> by_name;
+  std::string description;  // what the weights were read from, for messages
+};
+
+std::string list_names(const std::vector<std::string>& names) {
+  std::string text;
+  for (size_t i = 0; i < names.size() && i < kNamesListed; ++i) {
+    if (i > 0) text += ", ";
+    text += "'" + names[i] + "'";
+  }
+  if (names.size() > kNamesListed) {
+    text += " and " + std::to_string(names.size() - kNamesListed) + " more";
+  }
+  return text;
+}
+
+json read_json_file(const fs::path& path) {
+  std::ifstream stream(path, std::ios::binary);
+  if (!stream) throw Error("cannot read '" + path.string() + "'");
+  std::ostringstream text;
+  text << stream.rdbuf();
+  try {
+    return json::parse(text.str());
+  } catch (const json::parse_error& error) {
+    throw Error("'" + path.string() + "' is not valid JSON: " + error.what());
+  }
+}
+
+// A shard name must stay inside the model folder: an index is data, not a licence to read anywhere.
+bool is_safe_shard_name(const std::string& name) {
+  if (name.empty()) return false;
+  const fs::path path(name);
+  if (path.is_absolute() || path.has_root_name()) return false;
+  for (const fs::path& part : path) {
+    if (part == "..") return false;
+  }
+  return true;
+}
+
+TensorCatalog open_single_file(const fs::path& path) {
+  TensorCatalog catalog;
+  catalog.description = "'" + path.string() + "'";
+  catalog.files.emplace_back(path.string());
+  for (const SafetensorsTensor& tensor : catalog.files.front().tensors()) {
+    catalog.by_name.emplace(tensor.name, TensorSource{&tensor, 0});
+  }
+  return catalog;
+}
+
+TensorCatalog open_sharded(const fs::path& folder, const fs::path& index_path) {
+  const std::string where = "safetensors index '" + index_path.string() + "'";
+  const json index = read_json_file(index_path);
+  if (!index.is_object() || !index.contains("weight_map") || !index.at("weight_map").is_object()) {
+    throw Error(where + " has no 'weight_map' object");
+  }
+  const json& weight_map = index.at("weight_map");
+
+  // Each shard is opened (and mapped) once, however many tensors it holds.
+  std::vector<std::string> shard_names;
+  std::unordered_map<std::string, size_t> shard_of_name;
+  std::vector<std::pair<std::string, size_t>> entries;
+  for (const auto& [tensor_name, shard_json] : weight_map.items()) {
+    if (!shard_json.is_string()) {
+      throw Error(where + " maps tensor '" + tensor_name + "' to " + shard_json.dump() +
+                  ", not a file name");
+    }
+    const std::string shard = shard_json.get<std::string>();
+    if (!is_safe_shard_name(shard)) {
+      throw Error(where + " maps tensor '" + tensor_name + "' to '" + shard +
+                  "', which is not a file inside the model folder");
+    }
+    auto [it, inserted] = shard_of_name.emplace(shard, shard_names.size());
+    if (inserted) {
+      shard_names.push_back(shard);
+      const fs::path shard_path = folder / shard;
+      std::error_code error;
+      if (!fs::is_regular_file(shard_path, error)) {
+        throw Error(where + " lists shard '" + shard + "' (for tensor '" + tensor_name +
+                    "'), but '" + shard_path.string() + "' does not exist");
+      }
+    }
+    entries.emplace_back(tensor_name, it->second);
+  }
+  if (entries.empty()) throw Error(where + " has an empty 'weight_map'");
+
+  TensorCatalog catalog;
+  catalog.description = "the " + std::to_string(shard_names.size()) + " shards listed in " + where;
+  catalog.files.reserve(shard_names.size());
+  for (const std::string& shard : shard_names)
+    catalog.files.emplace_back((folder / shard).string());
+  for (const auto& [tensor_name, file_index] : entries) {
+    const SafetensorsTensor* tensor = catalog.files[file_index].find(tensor_name);
+    if (tensor == nullptr) {
+      throw Error(where + " maps tensor '" + tensor_name + "' to shard '" +
+                  shard_names[file_index] + "', which has no tensor of that name");
+    }
+    catalog.by_name.emplace(tensor_name, TensorSource{tensor, file_index});
+  }
+  return catalog;
+}
+
+TensorCatalog open_weights(const fs::path& folder) {
+  std::error_code error;
+  const fs::path single = folder / kSingleFileName;
+  if (fs::is_regular_file(single, error)) return open_single_file(single);
+  const fs::path index = folder / kIndexFileName;
+  if (fs::is_regular_file(index, error)) return open_sharded(folder, index);
+  std::string hint;
+  if (fs::exists(folder / "pytorch_model.bin", error) ||
+      fs::exists(folder / "pytorch_model.bin.index.json", error)) {
+    hint = " (it holds PyTorch .bin weights, which are not supported: convert them to safetensors)";
+  }
+  throw Error("model folder '" + folder.string() + "' has neither " + kSingleFileName + " nor " +
+              kIndexFileName + hint);
+}
+
+// One tensor the configuration calls for: its name, the shape config.json implies (and why), and
+// the view it fills.
+struct ExpectedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string shape_reason;
+  WeightView* target;
+  bool required = true;
+};
+
+std::vector<ExpectedTensor> expected_tensors(ModelWeights& weights) {
+  const ModelConfig& config = weights.config;
+  const int64_t hidden = config.hidden_size;
+  const int64_t vocab = config.vocab_size;
+  const int64_t q_width = static_cast<int64_t>(config.num_heads) * config.head_dim;
+  const int64_t kv_width = static_cast<int64_t>(config.num_kv_heads) * config.head_dim;
+  const int64_t intermediate = config.intermediate_size;
+  const int64_t head_dim = config.head_dim;
+  const std::string hidden_reason = "hidden_size " + std::to_string(hidden);
+  const std::string vocab_reason =
+      "vocab_size " + std::to_string(vocab) + " x hidden_size " + std::to_string(hidden);
+  const std::string q_reason = "num_attention_heads " + std::to_string(config.num_heads) +
+                               " x head_dim " + std::to_string(head_dim);
+  const std::string kv_reason = "num_key_value_heads " + std::to_string(config.num_kv_heads) +
+                                " x head_dim " + std::to_string(head_dim);
+  const std::string mlp_reason = "intermediate_size " + std::to_string(intermediate);
+
+  std::vector<ExpectedTensor> expected;
+  expected.push_back(
+      {"model.embed_tokens.weight", {vocab, hidden}, vocab_reason, &weights.token_embedding});
+  expected.push_back({"model.norm.weight", {hidden}, hidden_reason, &weights.final_norm});
+  if (!config.tied_embeddings) {
+    expected.push_back({"lm_head.weight", {vocab, hidden}, vocab_reason, &weights.lm_head});
+  }
+  weights.layers.assign(config.num_layers, LayerWeights{});
+  for (int i = 0; i < config.num_layers; ++i) {
+    LayerWeights& layer = weights.layers[i];
+    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    const std::string attn = prefix + "self_attn.";
+    expected.push_back(
+        {prefix + "input_layernorm.weight", {hidden}, hidden_reason, &layer.attn_norm});
+    expected.push_back({attn + "q_proj.weight",
+                        {q_width, hidden},
+                        q_reason + ", " + hidden_reason,
+                        &layer.q_proj});
+    expected.push_back({attn + "k_proj.weight",
+                        {kv_width, hidden},
+                        kv_reason + ", " + hidden_reason,
+                        &layer.k_proj});
+    expected.push_back({attn + "v_proj.weight",
+                        {kv_width, hidden},
+                        kv_reason + ", " + hidden_reason,
+                        &layer.v_proj});
+    expected.push_back({attn + "o_proj.weight",
+                        {hidden, q_width},
+                        hidden_reason + ", " + q_reason,
+                        &layer.o_proj});
+    if (config.qkv_bias) {
+      expected.push_back({attn + "q_proj.bias", {q_width}, q_reason, &layer.q_bias});
+      expected.push_back({attn + "k_proj.bias", {kv_width}, kv_reason, &layer.k_bias});
+      expected.push_back({attn + "v_proj.bias", {kv_width}, kv_reason, &layer.v_bias});
+    }
+    if (config.o_bias) {
+      expected.push_back({attn + "o_proj.bias", {hidden}, hidden_reason, &layer.o_bias});
+    }
+    if (config.qk_norm) {
+      const std::string reason = "head_dim " + std::to_string(head_dim);
+      expected.push_back({attn + "q_norm.weight", {head_dim}, reason, &layer.q_norm});
+      expected.push_back({attn + "k_norm.weight", {head_dim}, reason, &layer.k_norm});
+    }
+    expected.push_back(
+        {prefix + "post_attention_layernorm.weight", {hidden}, hidden_reason, &layer.mlp_norm});
+    const std::string mlp = prefix + "mlp.";
+    expected.push_back({mlp + "gate_proj.weight",
+                        {intermediate, hidden},
+                        mlp_reason + ", " + hidden_reason,
+                        &layer.gate_proj});
+    expected.push_back({mlp + "up_proj.weight",
+                        {intermediate, hidden},
+                        mlp_reason + ", " + hidden_reason,
+                        &layer.up_proj});
+    expected.push_back({mlp + "down_proj.weight",
+                        {hidden, intermediate},
+                        hidden_reason + ", " + mlp_reason,
+                        &layer.down_proj});
+  }
+  return expected;
+}
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Tensors that a checkpoint may carry without meaning anything to inference.
+bool is_ignorable(const std::string& name, const ModelConfig& config) {
+  // Older transformers saved the RoPE frequency buffer; it is recomputed from the config.
+  if (ends_with(name, "rotary_emb.inv_freq")) return true;
+  // With tied embeddings transformers uses the embedding as the classifier and ignores any stored
+  // copy.
+  if (config.tied_embeddings && name == "lm_head.weight") return true;
+  return false;
+}
+
+std::unique_ptr<float[]> allocate_floats(int64_t count, const std::string& name) {
+  try {
+    return std::make_unique_for_overwrite<float[]>(static_cast<size_t>(count));
+  } catch (const std::bad_alloc&) {
+    throw Error("out of memory widening tensor '" + name + "' to fp32 (" +
+                std::to_string(count * static_cast<int64_t>(sizeof(float))) + " bytes)");
+  }
+}
+
+template <float (*Convert)(uint16_t)>
+void widen_16bit(const uint8_t* source, float* destination, int64_t count) {
+#pragma omp parallel for schedule(static) if (count >= kParallelWidenThreshold)
+  for (int64_t i = 0; i < count; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, source + 2 * i, sizeof(bits));
+    destination[i] = Convert(bits);
+  }
+}
+
+}  // namespace
+
+ModelWeights load_hf_model(const std::string& folder_text, LoadProgress progress,
+                           void* progress_user) {
+  const fs::path folder(folder_text);
+  std::error_code error;
+  if (!fs::exists(folder, error)) throw Error("model folder '" + folder_text + "' does not exist");
+  if (!fs::is_directory(folder, error)) {
+    throw Error("model path '" + folder_text + "' is not a folder (a Hugging Face model folder " +
+                "holds config.json and model.safetensors)");
+  }
+  const fs::path config_path = folder / "config.json";
+  if (!fs::is_regular_file(config_path, error)) {
+    throw Error("model folder '" + folder_text + "' has no config.json");
+  }
+
+  ModelWeights weights;
+  weights.config = load_hf_config(config_path.string());
+  const ModelConfig& config = weights.config;
+  TensorCatalog catalog = open_weights(folder);
+  const std::string weights_where = "in " + catalog.description;
+
+  std::vector<ExpectedTensor> expected = expected_tensors(weights);
+  std::unordered_set<std::string> expected_names;
+  std::vector<std::string> missing;
+  for (const ExpectedTensor& tensor : expected) {
+    expected_names.insert(tensor.name);
+    if (tensor.required && !catalog.by_name.count(tensor.name)) missing.push_back(tensor.name);
+  }
+  if (!config.tied_embeddings && !catalog.by_name.count("lm_head.weight")) {
+    throw Error("tensor 'lm_head.weight' is missing " + weights_where +
+                ", and config.json has tie_word_embeddings false, so there is no classifier");
+  }
+  if (!missing.empty()) {
+    throw Error(std::to_string(missing.size()) + " tensor(s) that config.json (" +
+                config.architecture + ", " + std::to_string(config.num_layers) +
+                " layers) calls for are missing " + weights_where + ": " + list_names(missing));
+  }
+
+  std::vector<std::string> unexpected;
+  for (const auto& [name, source] : catalog.by_name) {
+    if (!expected_names.count(name) && !is_ignorable(name, config)) unexpected.push_back(name);
+  }
+  if (!unexpected.empty()) {
+    std::sort(unexpected.begin(), unexpected.end());
+    throw Error(std::to_string(unexpected.size()) + " tensor(s) " + weights_where +
+                " have no place in the model config.json describes (" + config.architecture + ", " +
+                std::to_string(config.num_layers) + " layers, q/k/v bias " +
+                (config.qkv_bias ? "on" : "off") + ", o bias " + (config.o_bias ? "on" : "off") +
+                "): " + list_names(unexpected));
+  }
+
+  size_t total_bytes = 0;
+  for (const ExpectedTensor& tensor : expected) {
+    const SafetensorsTensor& stored = *catalog.by_name.at(tensor.name).tensor;
+    if (stored.shape != tensor.shape) {
+      throw Error("tensor '" + tensor.name + "' " + weights_where + " has shape " +
+                  stored.shape_string() + ", but config.json implies " +
+                  shape_to_string(tensor.shape) + " (" + tensor.shape_reason + ")");
+    }
+    total_bytes += stored.byte_size;
+  }
+
+  std::vector<bool> file_used(catalog.files.size(), false);
+  size_t done_bytes = 0;
+  if (progress != nullptr) progress(0, total_bytes, progress_user);
+  for (const ExpectedTensor& tensor : expected) {
+    const TensorSource& source = catalog.by_name.at(tensor.name);
+    const SafetensorsTensor& stored = *source.tensor;
+    const int64_t count = stored.numel();
+    tensor.target->shape = stored.shape;
+    const bool aligned = reinterpret_cast<uintptr_t>(stored.data) % alignof(float) == 0;
+    if (stored.dtype == TensorDtype::kF32 && aligned) {
+      tensor.target->data = reinterpret_cast<const float*>(stored.data);
+      file_used[source.file_index] = true;
+      weights.mapped_bytes += stored.byte_size;
+    } else {
+      std::unique_ptr<float[]> buffer = allocate_floats(count, tensor.name);
+      switch (stored.dtype) {
+        case TensorDtype::kF32:  // stored at an offset floats cannot be read from in place
+          std::memcpy(buffer.get(), stored.data, stored.byte_size);
+          break;
+        case TensorDtype::kBF16:
+          widen_16bit<bf16_to_f32>(stored.data, buffer.get(), count);
+          break;
+        case TensorDtype::kF16:
+          widen_16bit<f16_to_f32>(stored.data, buffer.get(), count);
+          break;
+      }
+      tensor.target->data = buffer.get();
+      weights.owned_bytes += static_cast<size_t>(count) * sizeof(float);
+      weights.owned_buffers.push_back(std::move(buffer));
+    }
+    done_bytes += stored.byte_size;
+    if (progress != nullptr) progress(done_bytes, total_bytes, progress_user);
+  }
+  if (config.tied_embeddings) weights.lm_head = weights.token_embedding;
+
+  // Only files that views point into stay mapped; the rest were fully widened into owned buffers.
+  for (size_t i = 0; i < catalog.files.size(); ++i) {
+    if (file_used[i]) weights.mapped_files.push_back(catalog.files[i].take_mapping());
+  }
+  return weights;
+}
+
+}  // namespace entropyinfer

@@ -1,0 +1,507 @@
+// Loading Hugging Face model folders written on the fly: every family, dtype and layout loads to
+// the exact values written, and every way a folder can be wrong ends in an Error naming the
+// problem.
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/model_weights.h"
+#include "safetensors_writer.h"
+#include "test_support.h"
+
+namespace entropyinfer {
+namespace {
+
+using nlohmann::json;
+using testing::error_message_of;
+using testing::mentions_all;
+using testing::TempFolder;
+using testing::TensorToWrite;
+using testing::TinyModel;
+using testing::TinyModelSpec;
+
+std::string load_error(const std::string& folder) {
+  return error_message_of([&] { load_hf_model(folder); });
+}
+
+// Every view the loader filled, by Hugging Face name.
+std::vector<std::pair<std::string, const WeightView*>> named_views(const ModelWeights& weights) {
+  std::vector<std::pair<std::string, const WeightView*>> views = {
+      {"model.embed_tokens.weight", &weights.token_embedding},
+      {"model.norm.weight", &weights.final_norm},
+      {"lm_head.weight", &weights.lm_head}};
+  for (size_t i = 0; i < weights.layers.size(); ++i) {
+    const LayerWeights& layer = weights.layers[i];
+    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    const std::string attn = prefix + "self_attn.";
+    views.insert(views.end(), {{prefix + "input_layernorm.weight", &layer.attn_norm},
+                               {attn + "q_proj.weight", &layer.q_proj},
+                               {attn + "k_proj.weight", &layer.k_proj},
+                               {attn + "v_proj.weight", &layer.v_proj},
+                               {attn + "o_proj.weight", &layer.o_proj},
+                               {attn + "q_proj.bias", &layer.q_bias},
+                               {attn + "k_proj.bias", &layer.k_bias},
+                               {attn + "v_proj.bias", &layer.v_bias},
+                               {attn + "o_proj.bias", &layer.o_bias},
+                               {attn + "q_norm.weight", &layer.q_norm},
+                               {attn + "k_norm.weight", &layer.k_norm},
+                               {prefix + "post_attention_layernorm.weight", &layer.mlp_norm},
+                               {prefix + "mlp.gate_proj.weight", &layer.gate_proj},
+                               {prefix + "mlp.up_proj.weight", &layer.up_proj},
+                               {prefix + "mlp.down_proj.weight", &layer.down_proj}});
+  }
+  return views;
+}
+
+// Each tensor written is in its view with the same shape and bit-identical values; views for
+// tensors not written are empty (the lm_head of a tied model is the embedding).
+void expect_weights_match(const ModelWeights& weights, const TinyModel& model) {
+  for (const auto& [name, view] : named_views(weights)) {
+    if (name == "lm_head.weight" && weights.config.tied_embeddings) {
+      EXPECT_EQ(view->data, weights.token_embedding.data) << "tied lm_head must be the embedding";
+      EXPECT_EQ(view->shape, weights.token_embedding.shape);
+      continue;
+    }
+    auto written = model.values.find(name);
+    if (written == model.values.end()) {
+      EXPECT_TRUE(view->empty()) << name << " was not written but is loaded";
+      continue;
+    }
+    ASSERT_FALSE(view->empty()) << name;
+    EXPECT_EQ(view->shape, model.shapes.at(name)) << name;
+    ASSERT_EQ(view->numel(), static_cast<int64_t>(written->second.size())) << name;
+    EXPECT_EQ(std::memcmp(view->data, written->second.data(), written->second.size() * 4), 0)
+        << name << " differs from what was written";
+  }
+}
+
+size_t written_bytes(const TinyModel& model, const std::string& dtype) {
+  const size_t element = dtype == "F32" ? 4 : 2;
+  size_t total = 0;
+  for (const auto& [name, values] : model.values) total += values.size() * element;
+  return total;
+}
+
+size_t written_elements(const TinyModel& model) {
+  size_t total = 0;
+  for (const auto& [name, values] : model.values) total += values.size();
+  return total;
+}
+
+struct FamilyCase {
+  std::string architecture;
+  bool tied;
+  bool attention_bias;
+};
+
+const FamilyCase kFamilyCases[] = {
+    {"LlamaForCausalLM", false, false},   {"LlamaForCausalLM", true, true},
+    {"Qwen2ForCausalLM", true, false},    {"Qwen3ForCausalLM", false, false},
+    {"MistralForCausalLM", false, false}, {"PanguEmbeddedForCausalLM", false, true},
+};
+
+TEST(HfLoader, EveryFamilyAndDtypeLoadsTheExactValuesWritten) {
+  for (const FamilyCase& family : kFamilyCases) {
+    for (const std::string dtype : {"F32", "BF16", "F16"}) {
+      SCOPED_TRACE(family.architecture + (family.tied ? " tied " : " untied ") + dtype);
+      TempFolder folder("hf-family");
+      TinyModelSpec spec;
+      spec.architecture = family.architecture;
+      spec.tie_word_embeddings = family.tied;
+      spec.attention_bias = family.attention_bias;
+      spec.dtype = dtype;
+      if (family.architecture == "Qwen3ForCausalLM") spec.head_dim = 8;  // != hidden/heads (4)
+      const TinyModel model = testing::write_tiny_model(folder.path(), spec);
+      const ModelWeights weights = load_hf_model(folder.path());
+      EXPECT_EQ(weights.config.architecture, family.architecture);
+      EXPECT_EQ(weights.config.tied_embeddings, family.tied);
+      ASSERT_EQ(weights.layers.size(), 2u);
+      expect_weights_match(weights, model);
+      if (dtype == "F32") {
+        EXPECT_EQ(weights.mapped_bytes, written_bytes(model, dtype));
+        EXPECT_EQ(weights.owned_bytes, 0u);
+        EXPECT_EQ(weights.mapped_files.size(), 1u);
+        EXPECT_TRUE(weights.owned_buffers.empty());
+      } else {
+        EXPECT_EQ(weights.mapped_bytes, 0u);
+        EXPECT_EQ(weights.owned_bytes, written_elements(model) * sizeof(float));
+        EXPECT_TRUE(weights.mapped_files.empty()) << "fully widened files need not stay mapped";
+      }
+    }
+  }
+}
+
+TEST(HfLoader, FamilyFlagsDecideWhichTensorsAreLoaded) {
+  TempFolder folder("hf-flags");
+  TinyModelSpec spec;
+  spec.architecture = "Qwen2ForCausalLM";
+  testing::write_tiny_model(folder.path(), spec);
+  const ModelWeights qwen2 = load_hf_model(folder.path());
+  EXPECT_FALSE(qwen2.layers[1].q_bias.empty());
+  EXPECT_FALSE(qwen2.layers[1].v_bias.empty());
+  EXPECT_TRUE(qwen2.layers[1].o_bias.empty());
+  EXPECT_TRUE(qwen2.layers[1].q_norm.empty());
+  EXPECT_EQ(qwen2.layers[1].k_bias.shape, (std::vector<int64_t>{8}));  // 2 kv heads x head_dim 4
+}
+
+TEST(HfLoader, F32ViewsPointIntoTheMapping) {
+  TempFolder folder("hf-inplace");
+  testing::write_tiny_model(folder.path(), TinyModelSpec{});
+  const ModelWeights weights = load_hf_model(folder.path());
+  ASSERT_EQ(weights.mapped_files.size(), 1u);
+  const MappedFile& file = weights.mapped_files.front();
+  const auto* begin = reinterpret_cast<const float*>(file.data());
+  const auto* end = reinterpret_cast<const float*>(file.data() + file.size());
+  for (const auto& [name, view] : named_views(weights)) {
+    if (view->empty()) continue;
+    EXPECT_TRUE(view->data >= begin && view->data + view->numel() <= end) << name;
+  }
+}
+
+TEST(HfLoader, ShardedIndexLoadsEveryShardOnce) {
+  for (const std::string dtype : {"F32", "BF16"}) {
+    SCOPED_TRACE(dtype);
+    TempFolder folder("hf-sharded");
+    TinyModelSpec spec;
+    spec.num_shards = 3;
+    spec.dtype = dtype;
+    spec.num_layers = 3;
+    const TinyModel model = testing::write_tiny_model(folder.path(), spec);
+    ASSERT_EQ(model.weight_files.size(), 3u);
+    ASSERT_FALSE(std::filesystem::exists(folder.file("model.safetensors")));
+    const ModelWeights weights = load_hf_model(folder.path());
+    expect_weights_match(weights, model);
+    EXPECT_EQ(weights.mapped_files.size(), dtype == "F32" ? 3u : 0u);
+  }
+}
+
+TEST(HfLoader, ShardedTiedModel) {
+  TempFolder folder("hf-sharded-tied");
+  TinyModelSpec spec;
+  spec.num_shards = 2;
+  spec.tie_word_embeddings = true;
+  spec.architecture = "Qwen2ForCausalLM";
+  const TinyModel model = testing::write_tiny_model(folder.path(), spec);
+  const ModelWeights weights = load_hf_model(folder.path());
+  expect_weights_match(weights, model);
+  EXPECT_EQ(weights.lm_head.data, weights.token_embedding.data);
+}
+
+struct ProgressLog {
+  std::vector<std::pair<size_t, size_t>> calls;
+};
+
+void record_progress(size_t done, size_t total, void* user) {
+  static_cast<ProgressLog*>(user)->calls.emplace_back(done, total);
+}
+
+TEST(HfLoader, ReportsProgressInBytesUpToTheTotal) {
+  TempFolder folder("hf-progress");
+  TinyModelSpec spec;
+  spec.dtype = "BF16";
+  const TinyModel model = testing::write_tiny_model(folder.path(), spec);
+  ProgressLog log;
+  load_hf_model(folder.path(), record_progress, &log);
+  ASSERT_GE(log.calls.size(), 2u);
+  const size_t total = written_bytes(model, "BF16");
+  EXPECT_EQ(log.calls.front().first, 0u);
+  EXPECT_EQ(log.calls.back().first, total);
+  for (size_t i = 0; i < log.calls.size(); ++i) {
+    EXPECT_EQ(log.calls[i].second, total);
+    if (i > 0) {
+      EXPECT_GE(log.calls[i].first, log.calls[i - 1].first);
+    }
+  }
+}
+
+TEST(HfLoader, IgnoresTheRotaryFrequencyBuffer) {
+  TempFolder folder("hf-invfreq");
+  TinyModelSpec spec;
+  spec.edit_tensors = [](std::vector<TensorToWrite>& tensors) {
+    tensors.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq",
+                       "F32",
+                       {2},
+                       testing::encode_floats({1.0f, 0.01f}, "F32")});
+  };
+  testing::write_tiny_model(folder.path(), spec);
+  const ModelWeights weights = load_hf_model(folder.path());
+  EXPECT_EQ(weights.layers.size(), 2u);
+  EXPECT_FALSE(weights.layers[0].q_proj.empty());
+}
+
+TEST(HfLoader, TiedModelWithAStoredClassifierUsesTheEmbedding) {
+  TempFolder folder("hf-tied-extra");
+  TinyModelSpec spec;
+  spec.tie_word_embeddings = true;
+  spec.edit_tensors = [](std::vector<TensorToWrite>& tensors) {
+    TensorToWrite copy = tensors.front();  // the embedding
+    copy.name = "lm_head.weight";
+    tensors.push_back(copy);
+  };
+  testing::write_tiny_model(folder.path(), spec);
+  const ModelWeights weights = load_hf_model(folder.path());
+  EXPECT_EQ(weights.lm_head.data, weights.token_embedding.data);
+}
+
+TEST(HfLoader, MisalignedF32IsCopiedNotReadInPlace) {
+  // A writer may leave a gap before the data; floats at an offset of 2 (mod 4) cannot be read from
+  // the mapping directly, so the loader copies them.
+  TempFolder folder("hf-misaligned");
+  TinyModelSpec spec;
+  std::vector<TensorToWrite> captured;
+  spec.edit_tensors = [&captured](std::vector<TensorToWrite>& tensors) { captured = tensors; };
+  const TinyModel model = testing::write_tiny_model(folder.path(), spec);
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  std::string data = "PP";  // two bytes that belong to no tensor
+  for (const TensorToWrite& tensor : captured) {
+    header[tensor.name] = {{"dtype", tensor.dtype},
+                           {"shape", tensor.shape},
+                           {"data_offsets", {data.size(), data.size() + tensor.bytes.size()}}};
+    data += tensor.bytes;
+  }
+  std::string header_text = header.dump();
+  while ((8 + header_text.size()) % 8 != 0) header_text.push_back(' ');
+  testing::write_safetensors_raw(folder.file("model.safetensors"), header_text, data);
+
+  const ModelWeights weights = load_hf_model(folder.path());
+  expect_weights_match(weights, model);
+  EXPECT_EQ(weights.mapped_bytes, 0u);
+  EXPECT_EQ(weights.owned_bytes, written_bytes(model, "F32"));
+  for (const auto& [name, view] : named_views(weights)) {
+    if (!view->empty()) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(view->data) % alignof(float), 0u) << name;
+    }
+  }
+}
+
+TEST(HfLoader, MixedDtypesInOneFile) {
+  TempFolder folder("hf-mixed");
+  TinyModelSpec spec;
+  std::map<std::string, std::vector<float>> rounded_norms;
+  spec.edit_tensors = [&rounded_norms](std::vector<TensorToWrite>& tensors) {
+    for (TensorToWrite& tensor : tensors) {
+      if (tensor.name.find("norm") == std::string::npos) continue;
+      std::vector<float> values(tensor.bytes.size() / 4);
+      std::memcpy(values.data(), tensor.bytes.data(), tensor.bytes.size());
+      tensor.dtype = "BF16";
+      tensor.bytes = testing::encode_floats(values, "BF16", &rounded_norms[tensor.name]);
+    }
+  };
+  TinyModel model = testing::write_tiny_model(folder.path(), spec);
+  ASSERT_FALSE(rounded_norms.empty());
+  for (auto& [name, values] : rounded_norms) model.values[name] = values;
+  const ModelWeights weights = load_hf_model(folder.path());
+  expect_weights_match(weights, model);
+  EXPECT_GT(weights.owned_bytes, 0u);
+  EXPECT_GT(weights.mapped_bytes, 0u);
+  EXPECT_EQ(weights.owned_bytes + weights.mapped_bytes, written_elements(model) * sizeof(float));
+  EXPECT_EQ(weights.mapped_files.size(), 1u);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Bad folders
+
+TEST(HfLoaderErrors, MissingFolder) {
+  EXPECT_TRUE(mentions_all(load_error("/nonexistent/entropyinfer-model"),
+                           {"/nonexistent/entropyinfer-model", "does not exist"}));
+}
+
+TEST(HfLoaderErrors, PathIsAFile) {
+  TempFolder folder("hf-file");
+  testing::write_file_bytes(folder.file("weights.bin"), "x");
+  EXPECT_TRUE(mentions_all(load_error(folder.file("weights.bin")),
+                           {folder.file("weights.bin"), "not a folder"}));
+}
+
+TEST(HfLoaderErrors, MissingConfigJson) {
+  TempFolder folder("hf-noconfig");
+  testing::write_tiny_model(folder.path(), TinyModelSpec{});
+  std::filesystem::remove(folder.file("config.json"));
+  EXPECT_TRUE(mentions_all(load_error(folder.path()), {folder.path(), "config.json"}));
+}
+
+TEST(HfLoaderErrors, NoWeightFiles) {
+  TempFolder folder("hf-noweights");
+  testing::write_tiny_model(folder.path(), TinyModelSpec{});
+  std::filesystem::remove(folder.file("model.safetensors"));
+  EXPECT_TRUE(mentions_all(load_error(folder.path()),
+                           {folder.path(), "model.safetensors", "model.safetensors.index.json"}));
+  testing::write_file_bytes(folder.file("pytorch_model.bin"), "x");
+  EXPECT_TRUE(mentions_all(load_error(folder.path()), {"PyTorch .bin", "convert"}));
+}
+
+TEST(HfLoaderErrors, TruncatedSafetensors) {
+  TempFolder folder("hf-trunc");
+  testing::write_tiny_model(folder.path(), TinyModelSpec{});
+  const std::string path = folder.file("model.safetensors");
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) / 2);
+  EXPECT_TRUE(mentions_all(load_error(folder.path()), {path, "out of range"}));
+}
+
+TEST(HfLoaderErrors, UnsupportedArchitecture) {
+  TempFolder folder("hf-arch");
+  TinyModelSpec spec;
+  spec.config_overrides = {{"architectures", {"GemmaForCausalLM"}}};
+  testing::write_tiny_model(folder.path(), spec);
+  EXPECT_TRUE(mentions_all(
+      load_error(folder.path()),
+      {folder.file("config.json"), "unsupported architecture 'GemmaForCausalLM'", "supported:"}));
+}
+
+TEST(HfLoaderErrors, TensorShapeContradictsConfig) {
+  TempFolder folder("hf-shape");
+  TinyModelSpec spec;
+  spec.config_overrides = {{"intermediate_size", 20}};  // the weights are written for 24
+  testing::write_tiny_model(folder.path(), spec);
+  EXPECT_TRUE(mentions_all(load_error(folder.path()),
+                           {"'model.layers.0.mlp.gate_proj.weight'", "shape [24, 16]",
+                            "implies [20, 16]", "intermediate_size 20"}));
+}
+
+TEST(HfLoaderErrors, KvHeadCountContradictsWeights) {
+  TempFolder folder("hf-kvshape");
+  TinyModelSpec spec;
+  spec.config_overrides = {{"num_key_value_heads", 4}};  // written with 2
+  testing::write_tiny_model(folder.path(), spec);
+  EXPECT_TRUE(
+      mentions_all(load_error(folder.path()), {"'model.layers.0.self_attn.k_proj.weight'",
+                                               "[8, 16]", "[16, 16]", "num_key_value_heads 4"}));
+}
+
+TEST(HfLoaderErrors, MissingTensor) {
+  TempFolder folder("hf-missing");
+  TinyModelSpec spec;
+  spec.edit_tensors = [](std::vector<TensorToWrite>& tensors) {
+    std::erase_if(tensors, [](const TensorToWrite& tensor) {
+      return tensor.name == "model.layers.1.self_attn.k_proj.weight";
+    });
+  };
+  testing::write_tiny_model(folder.path(), spec);
+  EXPECT_TRUE(mentions_all(
+      load_error(folder.path()),
+      {"'model.layers.1.self_attn.k_proj.weight'", "missing", folder.file("model.safetensors")}));
+}
+
+TEST(HfLoaderErrors, MissingBiasThatTheFamilyRequires) {
+  TempFolder folder("hf-missing-bias");
+  TinyModelSpec spec;
+  spec.architecture = "PanguEmbeddedForCausalLM";
+  spec.attention_bias = false;               // weights without bias ...
+  spec.config_overrides = {{"bias", true}};  // ... but config.json says there is
+  testing::write_tiny_model(folder.path(), spec);
+  EXPECT_TRUE(mentions_all(load_error(folder.path()),
+                           {"'model.layers.0.self_attn.o_proj.bias'", "missing"}));
+}
+
+TEST(HfLoaderErrors, UntiedModelWithoutClassifier) {
+  TempFolder folder("hf-nohead");
+  TinyModelSpec spec;
+  spec.edit_tensors = [](std::vector<TensorToWrite>& tensors) {
+    std::erase_if(tensors, [](const TensorToWrite& t) { return t.name == "lm_head.weight"; });
+  };
+  testing::write_tiny_model(folder.path(), spec);
+  EXPECT_TRUE(mentions_all(load_error(folder.path()),
+                           {"'lm_head.weight'", "missing", "tie_word_embeddings false"}));
+}
+
+TEST(HfLoaderErrors, TensorsTheConfigDoesNotAccountFor) {
+  TempFolder folder("hf-extra");
+  TinyModelSpec spec;
+  spec.attention_bias = true;                           // weights with bias ...
+  spec.config_overrides = {{"attention_bias", false}};  // ... but config.json says none
+  testing::write_tiny_model(folder.path(), spec);
+  EXPECT_TRUE(mentions_all(load_error(folder.path()),
+                           {"'model.layers.0.self_attn.o_proj.bias'", "q/k/v bias off"}));
+}
+
+TEST(HfLoaderErrors, MoreLayersThanTheConfigSays) {
+  TempFolder folder("hf-layers");
+  TinyModelSpec spec;
+  spec.num_layers = 3;
+  spec.config_overrides = {{"num_hidden_layers", 2}};
+  testing::write_tiny_model(folder.path(), spec);
+  EXPECT_TRUE(mentions_all(load_error(folder.path()), {"model.layers.2.", "2 layers"}));
+}
+
+TEST(HfLoaderErrors, UnknownDtypeInTheWeights) {
+  TempFolder folder("hf-dtype");
+  TinyModelSpec spec;
+  spec.edit_tensors = [](std::vector<TensorToWrite>& tensors) {
+    tensors[3].dtype = "I8";
+    tensors[3].bytes.resize(tensors[3].bytes.size() / 4);
+  };
+  testing::write_tiny_model(folder.path(), spec);
+  EXPECT_TRUE(mentions_all(load_error(folder.path()),
+                           {folder.file("model.safetensors"), "'I8'", "tensor '"}));
+}
+
+TEST(HfLoaderErrors, MissingShardFile) {
+  TempFolder folder("hf-noshard");
+  TinyModelSpec spec;
+  spec.num_shards = 3;
+  const TinyModel model = testing::write_tiny_model(folder.path(), spec);
+  std::filesystem::remove(folder.file(model.weight_files[1]));
+  EXPECT_TRUE(mentions_all(load_error(folder.path()), {"model.safetensors.index.json",
+                                                       model.weight_files[1], "does not exist"}));
+}
+
+TEST(HfLoaderErrors, IndexPointsToAShardWithoutTheTensor) {
+  TempFolder folder("hf-badindex");
+  TinyModelSpec spec;
+  spec.num_shards = 2;
+  const TinyModel model = testing::write_tiny_model(folder.path(), spec);
+  json index = json::parse(testing::read_file_bytes(folder.file("model.safetensors.index.json")));
+  index["weight_map"]["model.norm.weight"] = model.weight_files[0];  // it is in the last shard
+  testing::write_file_bytes(folder.file("model.safetensors.index.json"), index.dump());
+  EXPECT_TRUE(mentions_all(load_error(folder.path()), {"'model.norm.weight'", model.weight_files[0],
+                                                       "no tensor of that name"}));
+}
+
+TEST(HfLoaderErrors, IndexNotJson) {
+  TempFolder folder("hf-indexjson");
+  TinyModelSpec spec;
+  spec.num_shards = 2;
+  testing::write_tiny_model(folder.path(), spec);
+  testing::write_file_bytes(folder.file("model.safetensors.index.json"), "{\"weight_map\": ");
+  EXPECT_TRUE(
+      mentions_all(load_error(folder.path()), {"model.safetensors.index.json", "not valid JSON"}));
+}
+
+TEST(HfLoaderErrors, IndexWithoutWeightMap) {
+  TempFolder folder("hf-indexmap");
+  TinyModelSpec spec;
+  spec.num_shards = 2;
+  testing::write_tiny_model(folder.path(), spec);
+  testing::write_file_bytes(folder.file("model.safetensors.index.json"), "{\"metadata\": {}}");
+  EXPECT_TRUE(mentions_all(load_error(folder.path()), {"weight_map"}));
+}
+
+TEST(HfLoaderErrors, ShardOutsideTheFolder) {
+  TempFolder folder("hf-escape");
+  TinyModelSpec spec;
+  spec.num_shards = 2;
+  testing::write_tiny_model(folder.path(), spec);
+  json index = json::parse(testing::read_file_bytes(folder.file("model.safetensors.index.json")));
+  index["weight_map"]["model.norm.weight"] = "../elsewhere.safetensors";
+  testing::write_file_bytes(folder.file("model.safetensors.index.json"), index.dump());
+  EXPECT_TRUE(mentions_all(load_error(folder.path()),
+                           {"'../elsewhere.safetensors'", "not a file inside the model folder"}));
+}
+
+TEST(HfLoaderErrors, CorruptShardIsNamed) {
+  TempFolder folder("hf-corrupt-shard");
+  TinyModelSpec spec;
+  spec.num_shards = 2;
+  const TinyModel model = testing::write_tiny_model(folder.path(), spec);
+  testing::write_safetensors_raw(folder.file(model.weight_files[1]), "{}", "", 4096);
+  EXPECT_TRUE(mentions_all(load_error(folder.path()),
+                           {folder.file(model.weight_files[1]), "past the end"}));
+}
+
+}  // namespace
+}  // namespace entropyinfer
