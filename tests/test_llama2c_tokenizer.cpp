@@ -105,6 +105,7 @@ class Tok512 : public ::testing::Test {
 TEST_F(Tok512, ReadsHeaderAndSpecialTokens) {
   EXPECT_EQ(tokenizer_->vocab_size(), 512);
   EXPECT_EQ(as_llama2c(*tokenizer_).max_token_length(), 7);
+  EXPECT_TRUE(as_llama2c(*tokenizer_).words_are_independent());
   EXPECT_EQ(tokenizer_->bos_id(), 1);
   EXPECT_EQ(tokenizer_->eos_ids(), std::vector<int32_t>{2});
   EXPECT_EQ(tokenizer_->token_id("<s>"), 1);
@@ -226,6 +227,44 @@ TEST_F(Llama2Bin, EncodesSentencesLikeRunC) {
   const auto ids = tokenizer_->encode(text, {.add_bos = true});
   EXPECT_EQ(ids, reference_encode(as_llama2c(*tokenizer_), text, true));
   EXPECT_EQ(tokenizer_->decode(ids), text);
+}
+
+TEST_F(Llama2Bin, LongTextMatchesRunCAndSentencePiece) {
+  ENTROPYINFER_REQUIRE_ASSET("text/kjv/kjv_bible.txt");
+  ENTROPYINFER_REQUIRE_ASSET(kLlama2Model);
+  EXPECT_TRUE(as_llama2c(*tokenizer_).words_are_independent());
+  const std::string bible = read_file_bytes(asset_path("text/kjv/kjv_bible.txt"));
+  // run.c's quadratic loop is affordable on a short stretch only.
+  const std::string excerpt = bible.substr(100000, 1500);
+  EXPECT_EQ(tokenizer_->encode(excerpt, {.add_bos = true}),
+            reference_encode(as_llama2c(*tokenizer_), excerpt, true));
+  const std::string long_text = bible.substr(0, 300000);
+  const auto sentencepiece = load_sentencepiece_tokenizer(asset_path(kLlama2Model));
+  const auto ids = tokenizer_->encode(long_text, {});
+  EXPECT_EQ(ids, sentencepiece->encode(long_text, {}));
+  EXPECT_EQ(tokenizer_->decode(ids), long_text);
+}
+
+TEST(Llama2cSynthetic, TokenAcrossASpaceIsStillFound) {
+  // A vocabulary where "a b" is a token: words cannot be merged one at a time.
+  std::vector<Llama2cTokenizer::Entry> vocab = {{"<unk>", 0}, {"\n<s>\n", 0}, {"\n</s>\n", 0}};
+  for (int byte = 0; byte < 256; ++byte) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", static_cast<unsigned>(byte));
+    vocab.push_back({name, 0});
+  }
+  const int32_t space = static_cast<int32_t>(vocab.size());
+  vocab.push_back({" ", -1});
+  vocab.push_back({"a", -1});
+  vocab.push_back({"b", -1});
+  vocab.push_back({"a ", -2});
+  const int32_t joined = static_cast<int32_t>(vocab.size());
+  vocab.push_back({"a b", -3});
+  vocab.push_back({" a", -9});
+  const Llama2cTokenizer tokenizer(vocab, 3, "synthetic");
+  EXPECT_FALSE(tokenizer.words_are_independent());
+  EXPECT_EQ(tokenizer.encode("a b", false, false), (std::vector<int32_t>{space, joined}));
+  EXPECT_EQ(tokenizer.encode("a b", false, false), reference_encode(tokenizer, "a b", false));
 }
 
 TEST_F(Llama2Bin, AgreesWithSentencePieceOnTheVectorCases) {

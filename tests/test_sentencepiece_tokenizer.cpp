@@ -171,6 +171,8 @@ class LlamaSentencePiece : public ::testing::Test {
 
 TEST_F(LlamaSentencePiece, ReadsVocabularyAndSpecialIds) {
   EXPECT_EQ(tokenizer_->vocab_size(), 32000);
+  // Llama 2's pieces never join a character to a following space: words are segmented separately.
+  EXPECT_TRUE(dynamic_cast<const SentencePieceTokenizer&>(*tokenizer_).words_are_independent());
   EXPECT_EQ(tokenizer_->bos_id(), 1);
   EXPECT_EQ(tokenizer_->eos_ids(), std::vector<int32_t>{2});
   EXPECT_EQ(tokenizer_->token_id("<s>"), 1);
@@ -358,6 +360,18 @@ TEST(SyntheticSentencePiece, UserDefinedPiecesStayWhole) {
                                               /*model_type=*/2, piece_message("xy", 0, 4))));
   // Ids: ▁=3 x=4 y=5 yx=6 xy=7.
   EXPECT_EQ(tokenizer->encode("yxy", {}), (std::vector<int32_t>{3, 5, 7}));
+}
+
+TEST(SyntheticSentencePiece, PieceAcrossASpaceIsStillFound) {
+  const std::string sp = "\xE2\x96\x81";
+  // "a▁b" joins a character to a following space, so words cannot be segmented one at a time.
+  const auto tokenizer = load_sentencepiece_tokenizer(temp_file(
+      "across.model",
+      synthetic_model(
+          {{sp, -1}, {"a", -1}, {"b", -1}, {"a" + sp, -2}, {"a" + sp + "b", -3}, {sp + "a", -9}})));
+  EXPECT_FALSE(dynamic_cast<const SentencePieceTokenizer&>(*tokenizer).words_are_independent());
+  // Ids: ▁=3 a=4 b=5 a▁=6 a▁b=7 ▁a=8. "a▁" outscores "▁a", then "a▁b" forms.
+  EXPECT_EQ(tokenizer->encode("a b", {}), (std::vector<int32_t>{3, 7}));
 }
 
 TEST(SyntheticSentencePiece, UnusedPiecesAreSplitBack) {

@@ -118,7 +118,14 @@ Llama2cTokenizer::Llama2cTokenizer(std::vector<Entry> vocab, int32_t max_token_l
     // run.c finds tokens by binary search, which picks an arbitrary one among duplicates; the
     // lowest id is the deterministic choice.
     ids_by_text_.emplace(text, static_cast<int32_t>(id));
+    for (size_t at = text.find(' ', 1); at != std::string::npos; at = text.find(' ', at + 1)) {
+      if (text[at - 1] != ' ') words_are_independent_ = false;
+    }
   }
+  // BOS takes part in merges too; it stays apart from the first word only if its text ends in a
+  // non-space byte.
+  const std::string& bos_text = vocab_[kBosId].text;
+  if (bos_text.empty() || bos_text.back() == ' ') words_are_independent_ = false;
 }
 
 void Llama2cTokenizer::check_id(int32_t id) const {
@@ -154,18 +161,11 @@ std::vector<int32_t> Llama2cTokenizer::encode(std::string_view text,
   return encode(text, options.add_bos, false);
 }
 
-std::vector<int32_t> Llama2cTokenizer::encode(std::string_view text, bool add_bos,
-                                              bool add_eos) const {
-  std::vector<int32_t> tokens;
-  tokens.reserve(text.size() + 3);
-  if (add_bos) tokens.push_back(kBosId);
-  if (!text.empty()) {
-    // run.c would push -1 when " " is missing; leaving the prefix out is the sane reading.
-    if (const auto dummy_prefix = find_text(" ")) tokens.push_back(*dummy_prefix);
-  }
-
-  // Split into "characters" exactly as run.c does: a byte that is not a continuation byte starts a
-  // new character; continuation bytes are appended while the character is shorter than 4 bytes.
+// Splits into "characters" exactly as run.c does: a byte that is not a continuation byte starts a
+// new character; continuation bytes are appended while the character is shorter than 4 bytes. Each
+// character becomes its token, or its byte tokens when it is not in the vocabulary.
+void Llama2cTokenizer::append_character_tokens(std::string_view text,
+                                               std::vector<int32_t>& tokens) const {
   std::string character;
   for (size_t i = 0; i < text.size(); ++i) {
     const auto byte = static_cast<uint8_t>(text[i]);
@@ -185,8 +185,53 @@ std::vector<int32_t> Llama2cTokenizer::encode(std::string_view text, bool add_bo
     }
     character.clear();
   }
+}
 
-  merge_pairs(tokens);  // run.c lets even BOS take part in merges
+std::vector<int32_t> Llama2cTokenizer::encode(std::string_view text, bool add_bos,
+                                              bool add_eos) const {
+  std::vector<int32_t> tokens;
+  tokens.reserve(text.size() / 2 + 3);
+  if (add_bos) tokens.push_back(kBosId);
+  // run.c would push -1 when " " is missing; leaving the prefix out is the sane reading.
+  const std::optional<int32_t> dummy_prefix = text.empty() ? std::nullopt : find_text(" ");
+
+  if (!words_are_independent_ || !dummy_prefix) {
+    if (dummy_prefix) tokens.push_back(*dummy_prefix);
+    append_character_tokens(text, tokens);
+    merge_pairs(tokens);  // run.c lets even BOS take part in merges
+    if (add_eos) tokens.push_back(kEosId);
+    return tokens;
+  }
+
+  // No token joins a non-space byte to a following space, so no merge crosses the start of a word
+  // (a space after a non-space byte), not even one with BOS: each word is merged on its own with
+  // the same result, and repeated words are looked up instead of merged again.
+  std::unordered_map<std::string_view, std::vector<int32_t>> merged_words;
+  std::vector<int32_t> word_tokens;
+  const auto add_word = [&](std::string_view word, bool first) {
+    if (!first) {
+      const auto it = merged_words.find(word);
+      if (it != merged_words.end()) {
+        tokens.insert(tokens.end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    word_tokens.clear();
+    if (first) word_tokens.push_back(*dummy_prefix);
+    append_character_tokens(word, word_tokens);
+    merge_pairs(word_tokens);
+    tokens.insert(tokens.end(), word_tokens.begin(), word_tokens.end());
+    if (!first) merged_words.emplace(word, word_tokens);
+  };
+  size_t word_start = 0;
+  bool first = true;
+  for (size_t at = text.find(' ', 1); at != std::string_view::npos; at = text.find(' ', at + 1)) {
+    if (text[at - 1] == ' ') continue;
+    add_word(text.substr(word_start, at - word_start), first);
+    first = false;
+    word_start = at;
+  }
+  add_word(text.substr(word_start), first);
   if (add_eos) tokens.push_back(kEosId);
   return tokens;
 }

@@ -67,6 +67,9 @@ class Llama2cTokenizer : public Tokenizer {
   int32_t max_token_length() const { return max_token_length_; }
   float score(int32_t id) const;
   const Entry& entry(int32_t id) const;
+  // True when no token joins a non-space byte to a following space, so words are merged one at a
+  // time (faster, same result).
+  bool words_are_independent() const { return words_are_independent_; }
   // The id whose stored text is exactly `text` (run.c's str_lookup), or nullopt.
   std::optional<int32_t> find_text(std::string_view text) const;
 
@@ -76,12 +79,14 @@ class Llama2cTokenizer : public Tokenizer {
     size_t operator()(std::string_view text) const { return std::hash<std::string_view>{}(text); }
   };
   void check_id(int32_t id) const;
+  void append_character_tokens(std::string_view text, std::vector<int32_t>& tokens) const;
   void merge_pairs(std::vector<int32_t>& tokens) const;
 
   std::vector<Entry> vocab_;
   int32_t max_token_length_ = 0;
   std::string source_name_;
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> ids_by_text_;
+  bool words_are_independent_ = true;
 };
 
 }  // namespace entropyinfer

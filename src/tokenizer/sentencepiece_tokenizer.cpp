@@ -329,6 +329,15 @@ SentencePieceTokenizer::SentencePieceTokenizer(std::vector<Piece> pieces, const 
       });
     }
   }
+  words_are_independent_ = true;
+  const std::string_view space = space_marker();
+  for (const auto& [text, id] : mergeable_pieces_) {
+    for (size_t at = text.find(space, 1); at != std::string::npos; at = text.find(space, at + 1)) {
+      if (at < space.size() || text.compare(at - space.size(), space.size(), space) != 0) {
+        words_are_independent_ = false;
+      }
+    }
+  }
   if (settings_.unk_id < 0 || settings_.unk_id >= size) {
     throw Error(source_name_ + ": unknown-token id " + std::to_string(settings_.unk_id) +
                 " is outside the vocabulary of " + std::to_string(size) + " pieces");
@@ -343,6 +352,10 @@ SentencePieceTokenizer::SentencePieceTokenizer(std::vector<Piece> pieces, const 
       }
     }
   }
+}
+
+std::string_view SentencePieceTokenizer::space_marker() const {
+  return settings_.escape_whitespaces ? kSpaceMarker : std::string_view(" ");
 }
 
 void SentencePieceTokenizer::check_id(int32_t id) const {
@@ -483,7 +496,39 @@ void SentencePieceTokenizer::encode_text_run(std::string_view text,
                                              std::vector<int32_t>& ids) const {
   if (text.empty()) return;
   const std::string normalized = normalize(text);
-  if (!normalized.empty()) encode_normalized(normalized, ids);
+  if (normalized.empty()) return;
+  if (!words_are_independent_) {
+    encode_normalized(normalized, ids);
+    return;
+  }
+  // No piece joins a character to a following space, so no merge crosses the start of a word
+  // (a space after a non-space character) and each word can be segmented on its own, with the same
+  // result as segmenting the whole run. Short words keep the merge queue small, and repeated words
+  // are looked up instead of segmented again.
+  const std::string_view run(normalized);
+  const std::string_view space = space_marker();
+  std::unordered_map<std::string_view, std::vector<int32_t>> segmented_words;
+  std::vector<int32_t> word_ids;
+  const auto add_word = [&](std::string_view word) {
+    const auto it = segmented_words.find(word);
+    if (it != segmented_words.end()) {
+      ids.insert(ids.end(), it->second.begin(), it->second.end());
+      return;
+    }
+    word_ids.clear();
+    encode_normalized(word, word_ids);
+    ids.insert(ids.end(), word_ids.begin(), word_ids.end());
+    segmented_words.emplace(word, word_ids);
+  };
+  size_t word_start = 0;
+  for (size_t at = run.find(space, 1); at != std::string_view::npos; at = run.find(space, at + 1)) {
+    const bool after_space =
+        at >= space.size() && run.compare(at - space.size(), space.size(), space) == 0;
+    if (after_space) continue;
+    add_word(run.substr(word_start, at - word_start));
+    word_start = at;
+  }
+  add_word(run.substr(word_start));
 }
 
 void SentencePieceTokenizer::emit_piece(std::string_view piece_text,
@@ -501,7 +546,7 @@ void SentencePieceTokenizer::emit_piece(std::string_view piece_text,
   ids.push_back(settings_.unk_id);
 }
 
-void SentencePieceTokenizer::encode_normalized(const std::string& normalized,
+void SentencePieceTokenizer::encode_normalized(std::string_view normalized,
                                                std::vector<int32_t>& ids) const {
   // A doubly linked list of symbols over `normalized`; merging grows the left symbol and unlinks
   // the right one.
@@ -514,7 +559,7 @@ void SentencePieceTokenizer::encode_normalized(const std::string& normalized,
   };
   std::vector<Symbol> symbols;
   symbols.reserve(normalized.size());
-  const std::string_view text(normalized);
+  const std::string_view text = normalized;
   for (size_t position = 0; position < text.size();) {
     int32_t user_defined_id = -1;
     size_t length = user_defined_matcher_.match(pieces_, text.substr(position), user_defined_id);

@@ -81,6 +81,9 @@ class SentencePieceTokenizer : public Tokenizer {
 
   const Piece& piece(int32_t id) const;
   const Settings& settings() const { return settings_; }
+  // True when no piece that merges can form joins a character to a following space, so words are
+  // segmented one at a time (faster, same result).
+  bool words_are_independent() const { return words_are_independent_; }
 
  private:
   struct StringHash {
@@ -100,7 +103,8 @@ class SentencePieceTokenizer : public Tokenizer {
   void check_id(int32_t id) const;
   std::string normalize(std::string_view text) const;
   void encode_text_run(std::string_view text, std::vector<int32_t>& ids) const;
-  void encode_normalized(const std::string& normalized, std::vector<int32_t>& ids) const;
+  void encode_normalized(std::string_view normalized, std::vector<int32_t>& ids) const;
+  std::string_view space_marker() const;
   void emit_piece(std::string_view piece_text, std::vector<int32_t>& ids) const;
 
   std::vector<Piece> pieces_;
@@ -111,6 +115,7 @@ class SentencePieceTokenizer : public Tokenizer {
   std::array<int32_t, 256> byte_piece_ids_{};
   LiteralMatcher user_defined_matcher_;  // always matched whole inside text
   LiteralMatcher special_matcher_;       // control and unknown pieces, with parse_special
+  bool words_are_independent_ = false;
 };
 
 }  // namespace entropyinfer
