@@ -1,0 +1,182 @@
+#include "attention/window_scores.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+
+#include "core/error.h"
+
+namespace entropyinfer {
+namespace {
+
+inline float dot(const float* a, const float* b, int size) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int i = 0; i < size; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+}  // namespace
+
+void check_decode_inputs(const DecodeInputs& inputs, bool needs_queries) {
+  if (inputs.num_kv_heads <= 0 || inputs.num_q_heads <= 0 ||
+      inputs.num_q_heads % inputs.num_kv_heads != 0) {
+    throw Error("decode compression: query heads (" + std::to_string(inputs.num_q_heads) +
+                ") must be a positive multiple of KV heads (" +
+                std::to_string(inputs.num_kv_heads) + ")");
+  }
+  if (inputs.cache_length < 0 || inputs.key_stride < inputs.cache_length) {
+    throw Error("decode compression: cache length " + std::to_string(inputs.cache_length) +
+                " does not fit the key stride " + std::to_string(inputs.key_stride));
+  }
+  if (!needs_queries) return;
+  if (inputs.head_dim <= 0 || inputs.keys == nullptr || inputs.window_queries == nullptr ||
+      inputs.window_tokens <= 0) {
+    throw Error("decode compression: the policy needs the window's queries and the keys");
+  }
+  if (inputs.window_tokens > inputs.cache_length) {
+    throw Error("decode compression: " + std::to_string(inputs.window_tokens) +
+                " window queries for a cache of " + std::to_string(inputs.cache_length) +
+                " entries (the window's queries must be cached positions)");
+  }
+}
+
+std::vector<float> window_attention_scores(const DecodeInputs& inputs, int64_t candidates) {
+  const int q_heads = inputs.num_q_heads;
+  const int group = q_heads / inputs.num_kv_heads;
+  const int head_dim = inputs.head_dim;
+  const int64_t length = inputs.cache_length;
+  const int window = inputs.window_tokens;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  std::vector<float> result(static_cast<size_t>(q_heads) * candidates, 0.0f);
+#pragma omp parallel
+  {
+    std::vector<float> logits(static_cast<size_t>(length));
+    std::vector<double> sums(static_cast<size_t>(candidates));
+#pragma omp for schedule(dynamic, 1)
+    for (int head = 0; head < q_heads; ++head) {
+      const float* keys = inputs.keys + (head / group) * inputs.key_stride * head_dim;
+      std::fill(sums.begin(), sums.end(), 0.0);
+      for (int i = 0; i < window; ++i) {
+        const int64_t position = length - window + i;
+        const float* query =
+            inputs.window_queries + (static_cast<int64_t>(i) * q_heads + head) * head_dim;
+        const int64_t seen = position + 1;  // causal: keys 0 .. position
+        float largest = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < seen; ++j) {
+          logits[j] = dot(query, keys + j * head_dim, head_dim) * scale;
+          largest = std::max(largest, logits[j]);
+        }
+        double total = 0.0;
+        for (int64_t j = 0; j < seen; ++j) {
+          logits[j] = std::exp(logits[j] - largest);
+          total += logits[j];
+        }
+        const int64_t counted = std::min(candidates, seen);
+        const double inverse = 1.0 / total;
+        for (int64_t j = 0; j < counted; ++j) sums[j] += logits[j] * inverse;
+      }
+      float* row = result.data() + static_cast<int64_t>(head) * candidates;
+      for (int64_t j = 0; j < candidates; ++j) row[j] = static_cast<float>(sums[j] / window);
+    }
+  }
+  return result;
+}
+
+void pool_scores(const float* scores, int64_t count, Pooling pooling, int kernel, float* out) {
+  const int64_t half = kernel / 2;
+  switch (pooling) {
+    case Pooling::kNone:
+      std::copy(scores, scores + count, out);
+      return;
+    case Pooling::kAvg:
+      for (int64_t i = 0; i < count; ++i) {
+        double sum = 0.0;
+        for (int64_t j = std::max<int64_t>(0, i - half); j <= std::min(count - 1, i + half); ++j) {
+          sum += scores[j];
+        }
+        out[i] = static_cast<float>(sum / kernel);
+      }
+      return;
+    case Pooling::kMax:
+      for (int64_t i = 0; i < count; ++i) {
+        float largest = -std::numeric_limits<float>::infinity();
+        for (int64_t j = std::max<int64_t>(0, i - half); j <= std::min(count - 1, i + half); ++j) {
+          largest = std::max(largest, scores[j]);
+        }
+        out[i] = largest;
+      }
+      return;
+  }
+}
+
+std::vector<float> candidate_scores(const DecodeInputs& inputs, const DecodeParams& params,
+                                    int64_t candidates) {
+  const std::vector<float> raw = window_attention_scores(inputs, candidates);
+  const int q_heads = inputs.num_q_heads;
+  std::vector<float> pooled(raw.size());
+  for (int head = 0; head < q_heads; ++head) {
+    pool_scores(raw.data() + head * candidates, candidates, params.pooling, params.pool_kernel,
+                pooled.data() + head * candidates);
+  }
+  if (params.per_query_head) return pooled;
+  // Pool first, then aggregate the group, as GQA-aware SnapKV variants do.
+  const int kv_heads = inputs.num_kv_heads;
+  const int group = q_heads / kv_heads;
+  std::vector<float> aggregated(static_cast<size_t>(kv_heads) * candidates);
+  for (int kv_head = 0; kv_head < kv_heads; ++kv_head) {
+    float* row = aggregated.data() + kv_head * candidates;
+    for (int64_t j = 0; j < candidates; ++j) {
+      double mean = 0.0;
+      float largest = -std::numeric_limits<float>::infinity();
+      for (int g = 0; g < group; ++g) {
+        const float value = pooled[(kv_head * group + g) * candidates + j];
+        mean += value;
+        largest = std::max(largest, value);
+      }
+      row[j] =
+          params.aggregation == GroupAggregation::kMax ? largest : static_cast<float>(mean / group);
+    }
+  }
+  return aggregated;
+}
+
+std::vector<int32_t> keep_top_and_window(const float* scores, int64_t candidates, int64_t keep,
+                                         int64_t cache_length) {
+  keep = std::clamp<int64_t>(keep, 0, candidates);
+  std::vector<int32_t> order(static_cast<size_t>(candidates));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                    [scores](int32_t a, int32_t b) {
+                      if (scores[a] != scores[b]) return scores[a] > scores[b];
+                      return a < b;
+                    });
+  order.resize(static_cast<size_t>(keep));
+  std::sort(order.begin(), order.end());
+  for (int64_t position = candidates; position < cache_length; ++position) {
+    order.push_back(static_cast<int32_t>(position));
+  }
+  return order;
+}
+
+LayerDecodePlan select_top_per_head(const DecodeInputs& inputs, const DecodeParams& params,
+                                    int64_t budget) {
+  check_decode_inputs(inputs, true);
+  LayerDecodePlan plan;
+  plan.per_query_head = params.per_query_head;
+  if (inputs.cache_length <= budget) return plan;
+  const int64_t window = std::min<int64_t>(params.window, budget);
+  const int64_t candidates = inputs.cache_length - window;
+  const std::vector<float> scores = candidate_scores(inputs, params, candidates);
+  const int heads = params.per_query_head ? inputs.num_q_heads : inputs.num_kv_heads;
+  plan.kept.resize(heads);
+  for (int head = 0; head < heads; ++head) {
+    plan.kept[head] = keep_top_and_window(scores.data() + head * candidates, candidates,
+                                          budget - window, inputs.cache_length);
+  }
+  return plan;
+}
+
+}  // namespace entropyinfer

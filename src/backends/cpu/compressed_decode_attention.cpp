@@ -1,0 +1,57 @@
+#include "backends/cpu/compressed_decode_attention.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "backends/cpu/cpu_ops.h"
+#include "core/error.h"
+
+namespace entropyinfer::cpu {
+namespace {
+
+inline float dot(const float* a, const float* b, int64_t size) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < size; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+}  // namespace
+
+void compressed_decode_attention(const float* q, const float* const* key_heads,
+                                 const float* const* value_heads, const int64_t* lengths,
+                                 const CompressedDecodeShape& shape, float* out) {
+  if (shape.kv_heads <= 0 || shape.q_heads % shape.kv_heads != 0) {
+    throw Error("compressed decode attention: query heads must be a multiple of KV heads");
+  }
+  const int64_t group = shape.q_heads / shape.kv_heads;
+  const int64_t head_dim = shape.head_dim;
+#pragma omp parallel
+  {
+    std::vector<float> scores;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t head = 0; head < shape.q_heads; ++head) {
+      const int64_t cache = shape.per_query_head ? head : head / group;
+      const int64_t length = lengths[cache];
+      const float* query = q + head * head_dim;
+      const float* keys = key_heads[cache];
+      const float* values = value_heads[cache];
+      float* result = out + head * head_dim;
+      std::fill(result, result + head_dim, 0.0f);
+      if (length <= 0) continue;
+      scores.resize(static_cast<size_t>(length));
+      for (int64_t j = 0; j < length; ++j) {
+        scores[j] = dot(query, keys + j * head_dim, head_dim) * shape.scale;
+      }
+      softmax_inplace(scores.data(), length);
+      for (int64_t j = 0; j < length; ++j) {
+        const float weight = scores[j];
+        const float* value = values + j * head_dim;
+#pragma omp simd
+        for (int64_t d = 0; d < head_dim; ++d) result[d] += weight * value[d];
+      }
+    }
+  }
+}
+
+}  // namespace entropyinfer::cpu
