@@ -531,6 +531,13 @@ TEST(ModelConfigErrors, QwenSlidingWindowOnSomeLayersIsRejected) {
   EXPECT_EQ(parse_hf_config(config).sliding_window, 32768);
 }
 
+TEST(ModelConfig, QwenNullWindowTurnsSlidingOff) {
+  json config = qwen25_05b();
+  config["use_sliding_window"] = true;
+  config["sliding_window"] = nullptr;
+  EXPECT_FALSE(parse_hf_config(config).sliding_window.has_value());
+}
+
 TEST(ModelConfigErrors, NotAnObject) {
   EXPECT_TRUE(mentions_all(parse_error(json::array()), {"object"}));
 }

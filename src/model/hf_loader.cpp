@@ -166,7 +166,6 @@ struct ExpectedTensor {
   std::vector<int64_t> shape;
   std::string shape_reason;
   WeightView* target;
-  bool required = true;
 };
 
 std::vector<ExpectedTensor> expected_tensors(ModelWeights& weights) {
@@ -309,7 +308,7 @@ ModelWeights load_hf_model(const std::string& folder_text, LoadProgress progress
   std::vector<std::string> missing;
   for (const ExpectedTensor& tensor : expected) {
     expected_names.insert(tensor.name);
-    if (tensor.required && !catalog.by_name.count(tensor.name)) missing.push_back(tensor.name);
+    if (!catalog.by_name.count(tensor.name)) missing.push_back(tensor.name);
   }
   if (!config.tied_embeddings && !catalog.by_name.count("lm_head.weight")) {
     throw Error("tensor 'lm_head.weight' is missing " + weights_where +

@@ -359,7 +359,9 @@ std::optional<int> qwen_sliding_window(const json& config, int num_layers) {
         throw Error("config field 'layer_types' has unsupported layer type " + describe(type));
       }
     }
-  } else if (optional_bool(config, "use_sliding_window", false)) {
+  } else if (optional_bool(config, "use_sliding_window", false) &&
+             !(config.contains("sliding_window") && config.at("sliding_window").is_null())) {
+    // A null window turns the feature off even when use_sliding_window is set.
     const int first = present(config, "max_window_layers")
                           ? as_int(config.at("max_window_layers"), "max_window_layers")
                           : kQwenDefaultMaxWindowLayers;
