@@ -25,15 +25,9 @@ int original_context(const ModelConfig& config) {
              : config.max_position_embeddings;
 }
 
-// yarn's scaling factor: when the checkpoint states its original context, transformers derives the
-// factor from the ratio of the two contexts rather than from `factor`.
-double yarn_factor(const ModelConfig& config) {
-  if (config.rope.original_max_position_embeddings > 0 && config.max_position_embeddings > 0) {
-    return static_cast<double>(config.max_position_embeddings) /
-           config.rope.original_max_position_embeddings;
-  }
-  return config.rope.factor;
-}
+// yarn's scaling factor. The config parser resolves it (transformers derives it from the ratio of the
+// two contexts only when `factor` is absent), so the decoder takes it as given.
+double yarn_factor(const ModelConfig& config) { return config.rope.factor; }
 
 double yarn_mscale(double scale) { return scale <= 1.0 ? 1.0 : 0.1 * std::log(scale) + 1.0; }
 

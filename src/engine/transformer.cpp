@@ -5,6 +5,10 @@
 #include <cstring>
 #include <string>
 
+#include "attention/decode_policy.h"
+#include "attention/prefill_policy.h"
+#include "backends/cpu/block_sparse_attention.h"
+#include "backends/cpu/compressed_decode_attention.h"
 #include "backends/cpu/cpu_ops.h"
 #include "core/error.h"
 #include "engine/rope.h"
@@ -12,9 +16,61 @@
 namespace entropyinfer {
 namespace {
 
-// Tokens processed per pass: bounds activation memory on long prompts while keeping matrix products
-// large enough to reuse each weight tile across many tokens.
+// Tokens per matrix-product chunk: bounds scratch memory on long prompts while keeping products large
+// enough to reuse each weight tile across many tokens.
 constexpr int64_t kChunkTokens = 256;
+
+// Rows added beyond what is needed when a cache grows or is compacted, so that decoding does not
+// reallocate at every token.
+constexpr int kCacheHeadroom = 256;
+
+// One layer's KV cache: `heads` slabs of [capacity, head_dim] for keys and for values, so that each
+// head's history is contiguous and heads can hold different numbers of entries once compressed.
+struct LayerCache {
+  int heads = 0;
+  int capacity = 0;
+  std::vector<int> lengths;
+  std::vector<float> keys;
+  std::vector<float> values;
+
+  int max_length() const { return lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end()); }
+  size_t bytes() const { return (keys.capacity() + values.capacity()) * sizeof(float); }
+
+  // Moves every head into slabs of `new_capacity` rows, copying the rows `rows_of(head)` lists (or the
+  // first lengths[head] rows when empty). Replacing the vectors returns the old memory.
+  void reshape(int new_heads, int new_capacity, int64_t head_dim,
+               const std::vector<std::vector<int32_t>>* kept, int source_group) {
+    std::vector<float> new_keys(static_cast<size_t>(new_heads) * new_capacity * head_dim);
+    std::vector<float> new_values(new_keys.size());
+    std::vector<int> new_lengths(new_heads, 0);
+    for (int head = 0; head < new_heads; ++head) {
+      const int source = head / source_group;
+      const float* source_keys = keys.data() + static_cast<int64_t>(source) * capacity * head_dim;
+      const float* source_values = values.data() + static_cast<int64_t>(source) * capacity * head_dim;
+      float* target_keys = new_keys.data() + static_cast<int64_t>(head) * new_capacity * head_dim;
+      float* target_values = new_values.data() + static_cast<int64_t>(head) * new_capacity * head_dim;
+      if (kept == nullptr) {
+        new_lengths[head] = lengths[source];
+        if (lengths[source] == 0) continue;  // nothing to move (and no source buffer yet)
+        std::memcpy(target_keys, source_keys, sizeof(float) * lengths[source] * head_dim);
+        std::memcpy(target_values, source_values, sizeof(float) * lengths[source] * head_dim);
+        continue;
+      }
+      const std::vector<int32_t>& rows = (*kept)[head];
+      new_lengths[head] = static_cast<int>(rows.size());
+      for (size_t i = 0; i < rows.size(); ++i) {
+        std::memcpy(target_keys + i * head_dim, source_keys + rows[i] * head_dim, sizeof(float) * head_dim);
+        std::memcpy(target_values + i * head_dim, source_values + rows[i] * head_dim,
+                    sizeof(float) * head_dim);
+      }
+    }
+    heads = new_heads;
+    capacity = new_capacity;
+    lengths = std::move(new_lengths);
+    keys = std::move(new_keys);
+    values = std::move(new_values);
+  }
+};
 
 }  // namespace
 
@@ -24,68 +80,142 @@ struct Transformer::State {
   int context_length = 0;
   int position = 0;
 
-  // KV cache, per layer: kv_heads slabs of [capacity, head_dim], so each head's history is contiguous
-  // (the layout later per-head compression keeps).
-  int capacity = 0;
-  std::vector<std::vector<float>> keys;
-  std::vector<std::vector<float>> values;
+  AttentionConfig attention;
+  std::unique_ptr<PrefillPolicy> prefill_policy;
+  std::unique_ptr<DecodePolicy> decode_policy;
 
-  // Scratch for one chunk.
-  std::vector<float> hidden, normed, q, k, v, attention, projected, gate, up;
+  std::vector<LayerCache> cache;
+  bool prefilled = false;
+  int tokens_since_prefill = 0;
+  bool compressed = false;
 
-  State(const ModelWeights& w, int context) : weights(w), config(w.config), context_length(context) {
-    keys.resize(config.num_layers);
-    values.resize(config.num_layers);
+  // The last `window` queries of every layer (after RoPE), oldest first: the decode policy's
+  // observation window.
+  int window = 0;
+  int window_count = 0;
+  std::vector<std::vector<float>> recent_queries;
+
+  AttentionWork work;
+  bool record_plans = false;
+  std::vector<LayerPrefillPlan> plans;
+
+  // Scratch.
+  std::vector<float> hidden, normed, q, k, v, attention_out, projected, gate, up;
+
+  State(const ModelWeights& w, int context, const AttentionConfig& attention_config)
+      : weights(w), config(w.config), context_length(context), attention(attention_config) {
+    attention.validate();
+    prefill_policy = make_prefill_policy(attention);
+    decode_policy = make_decode_policy(attention);
+    if (decode_policy) window = attention.decode_params.window;
+    reset();
+  }
+
+  void reset() {
+    position = 0;
+    prefilled = false;
+    tokens_since_prefill = 0;
+    compressed = false;
+    window_count = 0;
+    work = AttentionWork{};
+    cache.assign(config.num_layers, LayerCache{});
+    for (LayerCache& layer : cache) {
+      layer.heads = config.num_kv_heads;
+      layer.lengths.assign(config.num_kv_heads, 0);
+    }
+    recent_queries.assign(config.num_layers,
+                          std::vector<float>(static_cast<size_t>(window) * config.num_heads * config.head_dim));
   }
 
   void ensure_capacity(int needed) {
-    if (needed <= capacity) return;
-    int grown = std::max({needed, std::min(context_length, std::max(capacity * 2, 256))});
-    grown = std::min(grown, context_length);
-    const int64_t head_dim = config.head_dim;
-    for (int layer = 0; layer < config.num_layers; ++layer) {
-      for (auto* cache : {&keys[layer], &values[layer]}) {
-        std::vector<float> resized(static_cast<size_t>(config.num_kv_heads) * grown * head_dim);
-        for (int head = 0; head < config.num_kv_heads && capacity > 0; ++head) {
-          std::memcpy(resized.data() + head * grown * head_dim, cache->data() + head * capacity * head_dim,
-                      sizeof(float) * position * head_dim);
-        }
-        *cache = std::move(resized);
-      }
+    for (LayerCache& layer : cache) {
+      const int rows = layer.max_length() + needed;
+      if (rows <= layer.capacity) continue;
+      const int grown = std::min(context_length, std::max({rows, layer.capacity * 2, kCacheHeadroom}));
+      layer.reshape(layer.heads, std::max(grown, rows), config.head_dim, nullptr, 1);
     }
-    capacity = grown;
+  }
+
+  void remember_queries(int layer, const float* queries, int64_t count) {
+    if (window == 0) return;
+    const int64_t width = static_cast<int64_t>(config.num_heads) * config.head_dim;
+    std::vector<float>& ring = recent_queries[layer];
+    const int64_t incoming = std::min<int64_t>(count, window);
+    const int64_t kept_old = std::min<int64_t>(window_count, window - incoming);
+    // Slide the newest kept_old rows to the front, then append the incoming rows.
+    std::memmove(ring.data(), ring.data() + (window_count - kept_old) * width, sizeof(float) * kept_old * width);
+    std::memcpy(ring.data() + kept_old * width, queries + (count - incoming) * width,
+                sizeof(float) * incoming * width);
+  }
+
+  size_t cache_bytes() const {
+    size_t total = 0;
+    for (const LayerCache& layer : cache) total += layer.bytes();
+    return total;
+  }
+
+  void compress() {
+    const int group = config.num_heads / config.num_kv_heads;
+    work.cache_bytes_before = cache_bytes();
+    for (const LayerCache& layer : cache) {
+      for (int length : layer.lengths) work.cache_entries_before += length;
+    }
+    for (int layer_index = 0; layer_index < config.num_layers; ++layer_index) {
+      LayerCache& layer = cache[layer_index];
+      DecodeInputs inputs;
+      inputs.window_queries = recent_queries[layer_index].data();
+      inputs.window_tokens = window_count;
+      inputs.keys = layer.keys.data();
+      inputs.key_stride = layer.capacity;
+      inputs.cache_length = position;
+      inputs.num_q_heads = config.num_heads;
+      inputs.num_kv_heads = config.num_kv_heads;
+      inputs.head_dim = config.head_dim;
+      inputs.layer = layer_index;
+      inputs.num_layers = config.num_layers;
+      const LayerDecodePlan plan = decode_policy->plan(inputs);
+      if (plan.kept.empty()) continue;  // the cache is within the budget: nothing to drop
+      int longest = 0;
+      for (const auto& rows : plan.kept) longest = std::max<int>(longest, static_cast<int>(rows.size()));
+      const int room = std::min(kCacheHeadroom, context_length - position);
+      layer.reshape(static_cast<int>(plan.kept.size()), longest + std::max(room, 1), config.head_dim,
+                    &plan.kept, plan.per_query_head ? group : 1);
+    }
+    for (const LayerCache& layer : cache) {
+      for (int length : layer.lengths) work.cache_entries_after += length;
+    }
+    work.cache_bytes_after = cache_bytes();
+    work.compressed = true;
+    compressed = true;
   }
 };
 
-Transformer::Transformer(const ModelWeights& weights, int context_length) {
+Transformer::Transformer(const ModelWeights& weights, int context_length, const AttentionConfig& attention) {
   const ModelConfig& config = weights.config;
-  int limit = config.max_position_embeddings > 0 ? config.max_position_embeddings : context_length;
+  const int limit = config.max_position_embeddings;
   if (context_length <= 0) context_length = limit;
   if (context_length <= 0) throw Error("context length must be positive");
-  if (limit > 0 && context_length > limit) {
+  // Dynamic NTK scaling exists to run past the trained context (its base grows with the sequence), so
+  // only the other variants are held to max_position_embeddings.
+  if (limit > 0 && context_length > limit && config.rope.scaling != RopeScaling::kDynamic) {
     throw Error("context length " + std::to_string(context_length) +
                 " exceeds the model's maximum of " + std::to_string(limit) + " positions");
   }
-  state_ = std::make_unique<State>(weights, context_length);
+  state_ = std::make_unique<State>(weights, context_length, attention);
 }
 
 Transformer::~Transformer() = default;
 
-void Transformer::reset() { state_->position = 0; }
+void Transformer::reset() { state_->reset(); }
 int Transformer::position() const { return state_->position; }
 int Transformer::context_length() const { return state_->context_length; }
 const ModelConfig& Transformer::config() const { return state_->config; }
-void Transformer::set_progress_callback(ProgressCallback callback) {
-  progress_ = std::move(callback);
-}
-
-size_t Transformer::kv_cache_bytes() const {
-  size_t total = 0;
-  for (int layer = 0; layer < state_->config.num_layers; ++layer) {
-    total += (state_->keys[layer].size() + state_->values[layer].size()) * sizeof(float);
-  }
-  return total;
-}
+const AttentionConfig& Transformer::attention_config() const { return state_->attention; }
+size_t Transformer::kv_cache_bytes() const { return state_->cache_bytes(); }
+const AttentionWork& Transformer::attention_work() const { return state_->work; }
+void Transformer::set_record_plans(bool record) { state_->record_plans = record; }
+const std::vector<LayerPrefillPlan>& Transformer::recorded_plans() const { return state_->plans; }
+void Transformer::set_progress_callback(ProgressCallback callback) { progress_ = std::move(callback); }
 
 std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool all_logits) {
   State& s = *state_;
@@ -103,7 +233,18 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
                   std::to_string(c.vocab_size));
     }
   }
-  s.ensure_capacity(s.position + static_cast<int>(n));
+  if (s.compressed && n > 1) {
+    // A compressed cache has heads of different lengths; new tokens go through one at a time.
+    const int64_t vocab = c.vocab_size;
+    std::vector<float> logits(static_cast<size_t>((all_logits ? n : 1) * vocab));
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<float> step = forward(tokens.subspan(t, 1));
+      if (all_logits || t == n - 1) std::copy(step.begin(), step.end(), logits.begin() + (all_logits ? t * vocab : 0));
+    }
+    return logits;
+  }
+  const bool is_prefill = !s.prefilled;
+  s.ensure_capacity(static_cast<int>(n));
 
   const int64_t hidden = c.hidden_size;
   const int64_t head_dim = c.head_dim;
@@ -111,18 +252,27 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
   const int64_t kv_width = static_cast<int64_t>(c.num_kv_heads) * head_dim;
   const int64_t vocab = c.vocab_size;
   const int64_t rotary_dim = c.rope.rotary_dim > 0 ? c.rope.rotary_dim : head_dim;
+  const int64_t half_rotary = rotary_dim / 2;
   const int64_t first_position = s.position;
   const int64_t chunk = std::min(kChunkTokens, n);
+  const int group = c.num_heads / c.num_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  // A sliding window shorter than the span is its own sparsity; the block plans assume full causal
+  // reach, so such spans stay dense.
+  const int sliding_window = c.sliding_window.value_or(0);
+  const bool plan_this_span =
+      is_prefill && first_position == 0 && !(sliding_window > 0 && sliding_window < first_position + n);
+  if (is_prefill && s.record_plans) s.plans.clear();
 
   // Layer-major: every layer sees the whole new span before the next starts, so a policy can plan a
-  // layer's attention from all of its queries and keys. Matrix products run in chunks so that only
-  // the residual stream and the queries are held for the whole span.
+  // layer's attention from all of its queries and keys. Matrix products run in chunks so that only the
+  // residual stream, the queries and the attention output are held for the whole span.
   s.hidden.resize(n * hidden);
   s.q.resize(n * q_width);
+  s.attention_out.resize(n * q_width);
   s.normed.resize(chunk * hidden);
   s.k.resize(chunk * kv_width);
   s.v.resize(chunk * kv_width);
-  s.attention.resize(chunk * q_width);
   s.projected.resize(chunk * hidden);
   s.gate.resize(chunk * c.intermediate_size);
   s.up.resize(chunk * c.intermediate_size);
@@ -131,12 +281,10 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
     std::copy(row, row + hidden, s.hidden.data() + t * hidden);
   }
   const RopeTables rope = rope_tables(c, first_position, n);
-  const int64_t half_rotary = rotary_dim / 2;
 
   for (int layer_index = 0; layer_index < c.num_layers; ++layer_index) {
     const LayerWeights& layer = w.layers[layer_index];
-    float* key_cache = s.keys[layer_index].data();
-    float* value_cache = s.values[layer_index].data();
+    LayerCache& cache = s.cache[layer_index];
     for (int64_t t0 = 0; t0 < n; t0 += chunk) {
       const int64_t m = std::min(chunk, n - t0);
       float* q = s.q.data() + t0 * q_width;
@@ -155,36 +303,81 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
       cpu::apply_rope(q, m, c.num_heads, head_dim, cos, sin, rotary_dim, c.rope.rotate_adjacent_pairs);
       cpu::apply_rope(s.k.data(), m, c.num_kv_heads, head_dim, cos, sin, rotary_dim,
                       c.rope.rotate_adjacent_pairs);
-      // Append keys and values to the cache, head-major.
+      // Append to every cache head; after a per-query-head compression a KV head feeds g caches.
+      const int source_group = cache.heads == c.num_kv_heads ? 1 : group;
       for (int64_t t = 0; t < m; ++t) {
-        for (int64_t head = 0; head < c.num_kv_heads; ++head) {
-          const int64_t slot = (head * s.capacity + first_position + t0 + t) * head_dim;
-          std::memcpy(key_cache + slot, s.k.data() + (t * c.num_kv_heads + head) * head_dim,
-                      sizeof(float) * head_dim);
-          std::memcpy(value_cache + slot, s.v.data() + (t * c.num_kv_heads + head) * head_dim,
-                      sizeof(float) * head_dim);
+        for (int head = 0; head < cache.heads; ++head) {
+          const int64_t source = (t * c.num_kv_heads + head / source_group) * head_dim;
+          const int64_t slot = (static_cast<int64_t>(head) * cache.capacity + cache.lengths[head] + t0 + t) * head_dim;
+          std::memcpy(cache.keys.data() + slot, s.k.data() + source, sizeof(float) * head_dim);
+          std::memcpy(cache.values.data() + slot, s.v.data() + source, sizeof(float) * head_dim);
         }
+      }
+    }
+    for (int& length : cache.lengths) length += static_cast<int>(n);
+    s.remember_queries(layer_index, s.q.data(), n);
+
+    if (s.compressed) {
+      // One token over per-head caches of different lengths.
+      std::vector<const float*> key_heads(cache.heads), value_heads(cache.heads);
+      std::vector<int64_t> lengths(cache.heads);
+      for (int head = 0; head < cache.heads; ++head) {
+        key_heads[head] = cache.keys.data() + static_cast<int64_t>(head) * cache.capacity * head_dim;
+        value_heads[head] = cache.values.data() + static_cast<int64_t>(head) * cache.capacity * head_dim;
+        lengths[head] = cache.lengths[head];
+      }
+      cpu::CompressedDecodeShape shape;
+      shape.q_heads = c.num_heads;
+      shape.kv_heads = c.num_kv_heads;
+      shape.head_dim = head_dim;
+      shape.scale = scale;
+      shape.per_query_head = cache.heads != c.num_kv_heads;
+      cpu::compressed_decode_attention(s.q.data(), key_heads.data(), value_heads.data(), lengths.data(),
+                                       shape, s.attention_out.data());
+    } else {
+      cpu::AttentionShape shape;
+      shape.tokens = n;
+      shape.q_heads = c.num_heads;
+      shape.kv_heads = c.num_kv_heads;
+      shape.head_dim = head_dim;
+      shape.first_position = first_position;
+      shape.cache_stride = cache.capacity;
+      shape.window = sliding_window;
+      shape.scale = scale;
+      bool done = false;
+      if (plan_this_span) {
+        PrefillInputs inputs;
+        inputs.queries = s.q.data();
+        inputs.keys = cache.keys.data();
+        inputs.key_stride = cache.capacity;
+        inputs.num_tokens = n;
+        inputs.num_q_heads = c.num_heads;
+        inputs.num_kv_heads = c.num_kv_heads;
+        inputs.head_dim = static_cast<int>(head_dim);
+        inputs.layer = layer_index;
+        LayerPrefillPlan plan = s.prefill_policy->plan(inputs);
+        s.work.prefill_keys_read += plan.keys_read();
+        s.work.prefill_keys_dense += plan.keys_read_dense();
+        if (!plan.dense) {
+          shape.window = 0;
+          cpu::block_sparse_attention(s.q.data(), cache.keys.data(), cache.values.data(), shape, plan,
+                                      s.attention_out.data());
+          done = true;
+        }
+        if (s.record_plans) s.plans.push_back(std::move(plan));
+      }
+      if (!done) {
+        cpu::causal_attention(s.q.data(), cache.keys.data(), cache.values.data(), shape,
+                              s.attention_out.data());
       }
     }
 
     for (int64_t t0 = 0; t0 < n; t0 += chunk) {
       const int64_t m = std::min(chunk, n - t0);
-      cpu::AttentionShape shape;
-      shape.tokens = m;
-      shape.q_heads = c.num_heads;
-      shape.kv_heads = c.num_kv_heads;
-      shape.head_dim = head_dim;
-      shape.first_position = first_position + t0;
-      shape.cache_stride = s.capacity;
-      shape.window = c.sliding_window.value_or(0);
-      shape.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-      cpu::causal_attention(s.q.data() + t0 * q_width, key_cache, value_cache, shape,
-                            s.attention.data());
       float* residual = s.hidden.data() + t0 * hidden;
-      cpu::linear(s.attention.data(), m, q_width, layer.o_proj.data, layer.o_bias.data, hidden,
-                  s.projected.data());
+      cpu::linear(s.attention_out.data() + t0 * q_width, m, q_width, layer.o_proj.data, layer.o_bias.data,
+                  hidden, s.projected.data());
       cpu::add_inplace(residual, s.projected.data(), m * hidden);
-
       cpu::rms_norm(residual, layer.mlp_norm.data, m, hidden, c.rms_norm_eps, s.normed.data());
       cpu::linear(s.normed.data(), m, hidden, layer.gate_proj.data, nullptr, c.intermediate_size,
                   s.gate.data());
@@ -198,6 +391,16 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
     if (progress_ && n > chunk) progress_(static_cast<int64_t>(layer_index + 1) * n / c.num_layers, n);
   }
   s.position += static_cast<int>(n);
+  s.window_count = std::min<int>(s.window, s.window_count + static_cast<int>(n));
+  if (is_prefill) {
+    s.prefilled = true;
+  } else {
+    s.tokens_since_prefill += static_cast<int>(n);
+  }
+  if (s.decode_policy && !s.compressed &&
+      s.tokens_since_prefill >= s.decode_policy->compress_after_generated()) {
+    s.compress();
+  }
 
   std::vector<float> logits(static_cast<size_t>((all_logits ? n : 1) * vocab));
   const int64_t first_row = all_logits ? 0 : n - 1;

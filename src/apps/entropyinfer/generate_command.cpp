@@ -95,8 +95,8 @@ void run_generate(const GenerateArgs& args) {
   for (int32_t id : tokenizer->eos_ids()) options.stop_token_ids.push_back(id);
   options.stop_strings = stop_strings;
 
-  const GenerationResult result = generate(model, *tokenizer, prompt, options, [](std::string_view text) {
-    std::fwrite(text.data(), 1, text.size(), stdout);
+  const GenerationResult result = generate(model, *tokenizer, prompt, options, [](std::string_view piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
   });
   std::fputc('\n', stdout);
