@@ -346,6 +346,52 @@ TEST(BpeTokenizerErrors, BadTiktokenFiles) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// load_tokenizer dispatch (assets are linked into a scratch folder, never copied)
+
+TEST(LoadTokenizer, PicksTheFormatByFolderContentAndFileKind) {
+  ENTROPYINFER_REQUIRE_ASSET("tokenizers/llama2/tokenizer.model");
+  ENTROPYINFER_REQUIRE_ASSET("tokenizers/llama3/tokenizer.model");
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/tok512.bin");
+  const fs::path root = scratch_dir();
+
+  // tokenizer.model holding a SentencePiece ModelProto.
+  fs::create_directories(root / "sentencepiece");
+  fs::create_symlink(asset_path("tokenizers/llama2/tokenizer.model"), root / "sentencepiece/tokenizer.model");
+  EXPECT_EQ(load_tokenizer((root / "sentencepiece").string())->vocab_size(), 32000);
+
+  // A tokenizer.json that is not byte-level BPE (Llama 2's Metaspace form) next to it: the loader
+  // falls back to tokenizer.model.
+  nlohmann::json metaspace = tiny_tokenizer_json({}, nlohmann::json::array());
+  metaspace["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}};
+  metaspace["decoder"] = {{"type", "Sequence"}, {"decoders", nlohmann::json::array()}};
+  write_file(root / "sentencepiece/tokenizer.json", metaspace.dump());
+  EXPECT_EQ(load_tokenizer((root / "sentencepiece").string())->vocab_size(), 32000);
+  // On its own, that tokenizer.json is refused with a reason.
+  EXPECT_NE(error_message_of([&] { load_tokenizer((root / "sentencepiece/tokenizer.json").string()); })
+                .find("not a byte-level BPE tokenizer"),
+            std::string::npos);
+
+  // tokenizer.model holding tiktoken ranks (Llama 3).
+  fs::create_directories(root / "tiktoken");
+  fs::create_symlink(asset_path("tokenizers/llama3/tokenizer.model"), root / "tiktoken/tokenizer.model");
+  const auto llama3 = load_tokenizer((root / "tiktoken").string());
+  EXPECT_EQ(llama3->vocab_size(), 128256);
+  EXPECT_EQ(llama3->bos_id(), 128000);
+
+  // llama2.c's tokenizer.bin, as a file and in a folder.
+  EXPECT_EQ(load_tokenizer(asset_path("stories260K/tok512.bin"))->vocab_size(), 512);
+  fs::create_directories(root / "llama2c");
+  fs::create_symlink(asset_path("stories260K/tok512.bin"), root / "llama2c/tokenizer.bin");
+  EXPECT_EQ(load_tokenizer((root / "llama2c").string())->vocab_size(), 512);
+
+  // A file of no known kind.
+  write_file(root / "notes.txt", "just some text\n");
+  EXPECT_NE(error_message_of([&] { load_tokenizer((root / "notes.txt").string()); })
+                .find("not a recognised tokenizer file"),
+            std::string::npos);
+}
+
+// ------------------------------------------------------------------------------------------------
 // llama.cpp's reference vectors
 
 struct VectorCase {

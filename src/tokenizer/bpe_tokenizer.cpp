@@ -121,7 +121,6 @@ constexpr std::array<std::string_view, 5> kKnownStopTokens = {
 
 struct PreTokenizerSettings {
   std::optional<PretokenizerPattern> pattern;
-  bool byte_level = false;
   bool add_prefix_space = false;
 };
 
@@ -165,7 +164,6 @@ void read_pre_tokenizer(const json& node, const std::string& where, const std::s
     return;
   }
   if (type == "ByteLevel") {
-    settings.byte_level = true;
     const bool add_prefix_space = node.value("add_prefix_space", false);
     if (add_prefix_space && settings.pattern) {
       // Hugging Face would then prefix every piece of the preceding split, which no supported model
@@ -232,6 +230,20 @@ std::optional<json> read_optional_json(const fs::path& path, const char* what) {
   return parse_json_file(path.string(), what);
 }
 
+// Whether a pre-tokenizer or decoder (or a Sequence of them) includes a ByteLevel step.
+bool has_byte_level(const json& node) {
+  if (!node.is_object()) return false;
+  if (node.value("type", std::string()) == "ByteLevel") return true;
+  for (const char* list : {"pretokenizers", "decoders"}) {
+    if (node.contains(list) && node[list].is_array()) {
+      for (const json& item : node[list]) {
+        if (has_byte_level(item)) return true;
+      }
+    }
+  }
+  return false;
+}
+
 std::unique_ptr<Tokenizer> build_from_tokenizer_json(const json& root, const std::string& path) {
   if (!root.is_object()) throw Error(path + ": not a tokenizer.json (top level is not an object)");
   if (!root.contains("model") || !root["model"].is_object()) {
@@ -249,15 +261,15 @@ std::unique_ptr<Tokenizer> build_from_tokenizer_json(const json& root, const std
     }
   }
 
-  PreTokenizerSettings pre_tokenizer;
-  read_pre_tokenizer(root.value("pre_tokenizer", json()), "pre_tokenizer", path, pre_tokenizer);
-  const json& decoder = root.value("decoder", json());
-  const bool byte_level_decoder =
-      decoder.is_object() && decoder.value("type", std::string()) == "ByteLevel";
-  if (!pre_tokenizer.byte_level && !byte_level_decoder) {
+  // Whether the file is byte-level at all is decided first, so that a SentencePiece-style BPE file is
+  // reported as such (and a loader can fall back) rather than for its first unsupported component.
+  if (!has_byte_level(root.value("pre_tokenizer", json())) &&
+      !has_byte_level(root.value("decoder", json()))) {
     throw UnsupportedTokenizerFormat(
         path + ": not a byte-level BPE tokenizer (no ByteLevel pre-tokenizer or decoder)");
   }
+  PreTokenizerSettings pre_tokenizer;
+  read_pre_tokenizer(root.value("pre_tokenizer", json()), "pre_tokenizer", path, pre_tokenizer);
   if (!pre_tokenizer.pattern) {
     throw Error(path + ": pre_tokenizer has no split pattern (expected a Split regex or a ByteLevel "
                        "pre-tokenizer with use_regex)");
@@ -526,7 +538,7 @@ std::unique_ptr<Tokenizer> load_tiktoken_tokenizer(const std::string& path,
   definition.source_name = path;
   definition.whole_piece_lookup = true;  // tiktoken emits a piece that is a token as it is
 
-  std::unordered_map<std::string, int32_t> rank_of;
+  std::vector<std::size_t> line_of_rank;
   std::size_t line_number = 0;
   for (std::size_t start = 0; start < text.size();) {
     std::size_t end = text.find('\n', start);
@@ -555,13 +567,21 @@ std::unique_ptr<Tokenizer> load_tiktoken_tokenizer(const std::string& path,
       throw Error(where + ": rank " + std::to_string(rank) + " out of order (expected " +
                   std::to_string(definition.token_bytes.size()) + ")");
     }
-    if (!rank_of.emplace(*token, static_cast<int32_t>(rank)).second) {
-      throw Error(where + ": duplicate token (rank " + std::to_string(rank) + ")");
-    }
     definition.token_bytes.push_back(*token);
+    line_of_rank.push_back(line_number);
   }
   const auto rank_count = static_cast<int32_t>(definition.token_bytes.size());
   if (rank_count == 0) throw Error(path + ": empty tiktoken rank file");
+  // Keyed by views into token_bytes, which no longer moves.
+  std::unordered_map<std::string_view, int32_t> rank_of;
+  rank_of.reserve(definition.token_bytes.size());
+  for (int32_t rank = 0; rank < rank_count; ++rank) {
+    const auto [it, inserted] = rank_of.emplace(definition.token_bytes[static_cast<std::size_t>(rank)], rank);
+    if (!inserted) {
+      throw Error(path + ":" + std::to_string(line_of_rank[static_cast<std::size_t>(rank)]) +
+                  ": duplicate token (already rank " + std::to_string(it->second) + ")");
+    }
+  }
 
   TiktokenVocabulary vocabulary = TiktokenVocabulary::kPlain;
   if (options.vocabulary) {
@@ -600,7 +620,7 @@ std::unique_ptr<Tokenizer> load_tiktoken_tokenizer(const std::string& path,
   // tiktoken merges any adjacent pair whose concatenation is a token, lowest rank first: every split
   // of every token into two tokens is a merge whose priority is the token's rank.
   for (int32_t id = 0; id < rank_count; ++id) {
-    const std::string& token = definition.token_bytes[static_cast<std::size_t>(id)];
+    const std::string_view token = definition.token_bytes[static_cast<std::size_t>(id)];
     for (std::size_t split = 1; split < token.size(); ++split) {
       const auto left = rank_of.find(token.substr(0, split));
       if (left == rank_of.end()) continue;
