@@ -230,6 +230,28 @@ TEST_F(LlamaSentencePiece, InvalidUtf8BecomesReplacementCharacter) {
   EXPECT_EQ(tokenizer_->encode("\xE2\x96", {}), tokenizer_->encode("\xEF\xBF\xBD\xEF\xBF\xBD", {}));
 }
 
+TEST_F(LlamaSentencePiece, ArbitraryBytesEncodeToValidIds) {
+  std::mt19937 generator(99);
+  const std::string alphabet[] = {"<s>",      "</s>",
+                                  " ",        "  ",
+                                  "\n",       "a",
+                                  "\xFF",     "\xE2\x96\x81",
+                                  "\xE2\x96", "\xF0\x9F\xA6\x99",
+                                  "\x80",     "<0x0A>",
+                                  "\0"};
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string text;
+    for (int i = static_cast<int>(generator() % 30); i > 0; --i) {
+      text += alphabet[generator() % std::size(alphabet)];
+    }
+    for (const bool parse_special : {false, true}) {
+      const auto ids = tokenizer_->encode(text, {.parse_special = parse_special});
+      for (const int32_t id : ids) ASSERT_TRUE(id >= 0 && id < 32000);
+      EXPECT_NO_THROW(tokenizer_->decode(ids));
+    }
+  }
+}
+
 TEST_F(LlamaSentencePiece, EmptyAndWhitespaceOnlyText) {
   EXPECT_TRUE(tokenizer_->encode("", {}).empty());
   EXPECT_EQ(tokenizer_->encode("", {.add_bos = true}), std::vector<int32_t>{1});

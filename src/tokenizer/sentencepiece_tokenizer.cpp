@@ -288,6 +288,9 @@ SentencePieceTokenizer::SentencePieceTokenizer(std::vector<Piece> pieces, const 
   const auto size = static_cast<int32_t>(pieces_.size());
   for (int32_t id = 0; id < size; ++id) {
     const Piece& piece = pieces_[static_cast<size_t>(id)];
+    if (piece.text.empty()) {
+      throw Error(source_name_ + ": piece " + std::to_string(id) + " has no text");
+    }
     const auto [existing, inserted] = all_pieces_.emplace(piece.text, id);
     if (!inserted) {
       throw Error(source_name_ + ": piece '" + piece.text + "' appears twice (ids " +
