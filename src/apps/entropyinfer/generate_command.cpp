@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "apps/entropyinfer/attention_options.h"
 #include "apps/entropyinfer/cli_common.h"
 #include "apps/entropyinfer/commands.h"
 #include "core/error.h"
@@ -32,6 +33,7 @@ struct GenerateArgs {
   std::string system;
   std::string chat_format;
   bool no_think = false;
+  AttentionOptions attention;
 };
 
 void run_generate(const GenerateArgs& args) {
@@ -44,6 +46,7 @@ void run_generate(const GenerateArgs& args) {
   validate_sampler_options(sampler);
   if (args.max_tokens < 0) throw Error("--max-tokens must be >= 0");
 
+  const AttentionConfig attention = args.attention.resolve();
   const std::string prompt_text = read_prompt(args.prompt, args.prompt_file);
   ModelWeights weights = load_model_with_progress(args.model);
   std::unique_ptr<Tokenizer> tokenizer = find_tokenizer(args.model, args.tokenizer);
@@ -74,7 +77,7 @@ void run_generate(const GenerateArgs& args) {
     throw Error("the prompt encodes to no tokens and the tokenizer has no BOS; give a prompt");
   }
 
-  Transformer model(weights, args.context);
+  Transformer model(weights, args.context, attention);
   if (static_cast<int64_t>(prompt.size()) > model.context_length()) {
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the " +
                 std::to_string(model.context_length()) + "-token context");
@@ -109,6 +112,9 @@ void run_generate(const GenerateArgs& args) {
                  result.prompt_tokens / std::max(result.prefill_seconds, 1e-9), result.tokens.size(),
                  result.decode_steps / std::max(result.decode_seconds, 1e-9), result.stop_reason.c_str(),
                  model.kv_cache_bytes() / 1048576.0, peak_resident_mib());
+    if (attention.prefill != PrefillMethod::kFull || attention.decode != DecodeMethod::kFull) {
+      std::fprintf(stderr, "%s\n", describe_attention_work(attention, model.attention_work()).c_str());
+    }
   }
 }
 
@@ -146,6 +152,7 @@ void register_generate(CLI::App& app) {
                       "Chat format instead of the one recognised in tokenizer_config.json "
                       "(llama3, chatml, qwen3, mistral, mistral-v1, llama2)");
   command->add_flag("--no-think", args->no_think, "Qwen 3: switch thinking off");
+  args->attention.add_to(command);
   command->callback([args] { run_generate(*args); });
 }
 

@@ -163,7 +163,10 @@ void causal_attention(const float* q, const float* key_cache, const float* value
   const int64_t group = shape.q_heads / shape.kv_heads;
   const int64_t head_dim = shape.head_dim;
   const int64_t total = shape.tokens * shape.q_heads;
-#pragma omp parallel
+  // Threads pay off only when there is enough work to hide their start-up (tiny models decode faster
+  // on one core).
+  const int64_t work = total * (shape.first_position + shape.tokens) * head_dim;
+#pragma omp parallel if (work > (1 << 18))
   {
     std::vector<float> scores(static_cast<size_t>(shape.first_position + shape.tokens));
 #pragma omp for schedule(dynamic, 4)
