@@ -8,5 +8,6 @@ namespace entropyinfer::cli {
 void register_generate(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_inspect(CLI::App& app);
 
 }  // namespace entropyinfer::cli

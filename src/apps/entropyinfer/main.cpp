@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   entropyinfer::cli::register_generate(app);
   entropyinfer::cli::register_tokenize(app);
   entropyinfer::cli::register_bench(app);
+  entropyinfer::cli::register_inspect(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

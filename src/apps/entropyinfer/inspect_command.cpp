@@ -1,0 +1,158 @@
+// `entropyinfer inspect`: run a prefill with a sparse method and write what it decided, per layer, KV
+// head and segment: the entropy of the block estimate, the rigid/dynamic class, the budget and the blocks
+// read, as JSON, plus heatmaps of entropy and budget (SVG).
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "apps/entropyinfer/attention_options.h"
+#include "apps/entropyinfer/cli_common.h"
+#include "apps/entropyinfer/commands.h"
+#include "core/error.h"
+#include "core/svg_heatmap.h"
+#include "engine/transformer.h"
+
+namespace entropyinfer::cli {
+namespace {
+
+struct InspectArgs {
+  std::string model;
+  std::string tokenizer;
+  std::string prompt;
+  std::string prompt_file;
+  std::string out_dir = "inspect";
+  bool no_blocks = false;
+  AttentionOptions attention;
+};
+
+void run_inspect(const InspectArgs& args) {
+  AttentionConfig attention = args.attention.resolve();
+  if (attention.prefill == PrefillMethod::kFull) {
+    throw Error("inspect shows a sparse prefill's decisions: pass --prefill entropy or critiprefill");
+  }
+  const std::string text = read_prompt(args.prompt, args.prompt_file);
+  ModelWeights weights = load_model_with_progress(args.model);
+  std::unique_ptr<Tokenizer> tokenizer = find_tokenizer(args.model, args.tokenizer);
+  EncodeOptions encode;
+  encode.add_bos = true;
+  const std::vector<int32_t> prompt = tokenizer->encode(text, encode);
+  if (weights.config.max_position_embeddings > 0 &&
+      static_cast<int64_t>(prompt.size()) > weights.config.max_position_embeddings) {
+    throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the model's " +
+                std::to_string(weights.config.max_position_embeddings) + "-token context");
+  }
+  Transformer model(weights, static_cast<int>(prompt.size()), attention);
+  model.set_record_plans(true);
+  model.set_progress_callback([](int64_t done, int64_t total) {
+    std::fprintf(stderr, "\rprefill: %lld / %lld tokens", static_cast<long long>(done),
+                 static_cast<long long>(total));
+    if (done == total) std::fprintf(stderr, "\n");
+  });
+  model.forward(prompt);
+  const std::vector<LayerPrefillPlan>& plans = model.recorded_plans();
+  const ModelConfig& config = weights.config;
+
+  std::filesystem::create_directories(args.out_dir);
+  nlohmann::json layers = nlohmann::json::array();
+  int segments = 0;
+  for (const LayerPrefillPlan& plan : plans) segments = std::max(segments, plan.num_segments);
+  const int rows = config.num_layers * config.num_kv_heads;
+  const double blank = std::numeric_limits<double>::quiet_NaN();
+  Heatmap entropy_map{"Block-estimate entropy per (layer, KV head) and query segment", "query segment",
+                      "layer / KV head", rows, std::max(segments, 1), {}, {}, "entropy (nats)"};
+  Heatmap budget_map{"Budget (tokens) per (layer, KV head) and query segment", "query segment",
+                     "layer / KV head", rows, std::max(segments, 1), {}, {}, "budget (tokens)"};
+  entropy_map.values.assign(static_cast<size_t>(rows) * entropy_map.columns, blank);
+  budget_map.values.assign(entropy_map.values.size(), blank);
+  int rigid_heads = 0, classified_heads = 0;
+  for (size_t layer = 0; layer < plans.size(); ++layer) {
+    const LayerPrefillPlan& plan = plans[layer];
+    nlohmann::json heads = nlohmann::json::array();
+    for (int head = 0; head < plan.num_kv_heads && !plan.dense; ++head) {
+      const bool rigid = !plan.rigid_head.empty() && plan.rigid_head[head] != 0;
+      if (!plan.rigid_head.empty()) {
+        ++classified_heads;
+        rigid_heads += rigid ? 1 : 0;
+      }
+      nlohmann::json head_segments = nlohmann::json::array();
+      for (int segment = 0; segment < plan.num_segments; ++segment) {
+        const int row = head * plan.num_segments + segment;
+        nlohmann::json entry = {{"segment", segment}, {"sparse", plan.segment_sparse[segment] != 0}};
+        const size_t cell = (layer * config.num_kv_heads + head) * entropy_map.columns + segment;
+        if (!plan.entropy.empty()) {
+          entry["entropy"] = plan.entropy[row];
+          entropy_map.values[cell] = plan.entropy[row];
+        }
+        if (!plan.budget_tokens.empty()) {
+          entry["budget_tokens"] = plan.budget_tokens[row];
+          budget_map.values[cell] = plan.budget_tokens[row];
+        }
+        const int32_t begin = plan.row_offsets.empty() ? 0 : plan.row_offsets[row];
+        const int32_t end = plan.row_offsets.empty() ? 0 : plan.row_offsets[row + 1];
+        entry["blocks_read"] = end - begin;
+        if (!args.no_blocks) {
+          entry["blocks"] = std::vector<int32_t>(plan.block_indices.begin() + begin,
+                                                 plan.block_indices.begin() + end);
+        }
+        head_segments.push_back(std::move(entry));
+      }
+      heads.push_back({{"kv_head", head}, {"class", rigid ? "rigid" : "dynamic"}, {"segments", head_segments}});
+    }
+    layers.push_back({{"layer", layer},
+                      {"dense", plan.dense},
+                      {"keys_read", plan.keys_read()},
+                      {"keys_dense", plan.keys_read_dense()},
+                      {"heads", heads}});
+  }
+  for (int layer = 0; layer < config.num_layers; ++layer) {
+    for (int head = 0; head < config.num_kv_heads; ++head) {
+      const std::string label = "L" + std::to_string(layer) + " h" + std::to_string(head);
+      entropy_map.row_labels.push_back(label);
+      budget_map.row_labels.push_back(label);
+    }
+  }
+  const AttentionWork& work = model.attention_work();
+  const nlohmann::json document = {
+      {"model", args.model},
+      {"prompt_tokens", prompt.size()},
+      {"attention", attention_config_to_json(attention)},
+      {"segment_size", attention.prefill_params.segment_size},
+      {"block_size", attention.prefill_params.block_size},
+      {"rigid_heads", rigid_heads},
+      {"classified_heads", classified_heads},
+      {"fraction_of_full_attention_keys",
+       work.prefill_keys_dense > 0 ? static_cast<double>(work.prefill_keys_read) / work.prefill_keys_dense : 1.0},
+      {"layers", layers}};
+  const std::filesystem::path out(args.out_dir);
+  std::ofstream(out / "plans.json") << document.dump(1) << "\n";
+  write_heatmap_svg(entropy_map, (out / "entropy.svg").string());
+  write_heatmap_svg(budget_map, (out / "budget.svg").string());
+  std::printf("%zu prompt tokens, %d layers x %d KV heads, %d segments of %d tokens\n", prompt.size(),
+              config.num_layers, config.num_kv_heads, segments, attention.prefill_params.segment_size);
+  std::printf("rigid heads: %d of %d classified (layer, KV head) pairs\n", rigid_heads, classified_heads);
+  std::printf("%s\n", describe_attention_work(attention, work).c_str());
+  std::printf("wrote %s, %s, %s\n", (out / "plans.json").c_str(), (out / "entropy.svg").c_str(),
+              (out / "budget.svg").c_str());
+}
+
+}  // namespace
+
+void register_inspect(CLI::App& app) {
+  auto args = std::make_shared<InspectArgs>();
+  CLI::App* command =
+      app.add_subcommand("inspect", "Write a sparse prefill's per-head decisions as JSON and heatmaps");
+  command->add_option("-m,--model", args->model, "Model folder or llama2.c checkpoint")->required();
+  command->add_option("--tokenizer", args->tokenizer, "Tokenizer file");
+  command->add_option("-p,--prompt", args->prompt, "Prompt text");
+  command->add_option("-f,--prompt-file", args->prompt_file, "Read the prompt from a file");
+  command->add_option("-o,--out", args->out_dir, "Output folder")->capture_default_str();
+  command->add_flag("--no-blocks", args->no_blocks, "Leave the block lists out of the JSON");
+  args->attention.add_to(command);
+  command->callback([args] { run_inspect(*args); });
+}
+
+}  // namespace entropyinfer::cli
