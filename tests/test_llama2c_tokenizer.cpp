@@ -28,11 +28,22 @@ constexpr const char* kTok512 = "stories260K/tok512.bin";
 constexpr const char* kLlama2Bin = "tokenizers/llama2/tokenizer.bin";
 constexpr const char* kLlama2Model = "tokenizers/llama2/tokenizer.model";
 
+// Files written by a test, removed when the test program exits.
+struct TempFiles {
+  std::vector<std::filesystem::path> paths;
+  ~TempFiles() {
+    std::error_code error;
+    for (const auto& path : paths) std::filesystem::remove(path, error);
+  }
+};
+
 std::string temp_file(const std::string& name, const std::string& contents) {
+  static TempFiles files;
   const std::filesystem::path path =
       std::filesystem::temp_directory_path() /
       ("entropyinfer_l2c_" + std::to_string(::getpid()) + "_" + name);
   std::ofstream(path, std::ios::binary) << contents;
+  files.paths.push_back(path);
   return path.string();
 }
 

@@ -72,11 +72,22 @@ std::vector<int32_t> load_token_list(const std::string& path) {
   return document.at("tokens").get<std::vector<int32_t>>();
 }
 
+// Files written by a test, removed when the test program exits.
+struct TempFiles {
+  std::vector<std::filesystem::path> paths;
+  ~TempFiles() {
+    std::error_code error;
+    for (const auto& path : paths) std::filesystem::remove(path, error);
+  }
+};
+
 std::string temp_file(const std::string& name, const std::string& contents) {
+  static TempFiles files;
   const std::filesystem::path path =
       std::filesystem::temp_directory_path() /
       ("entropyinfer_spm_" + std::to_string(::getpid()) + "_" + name);
   std::ofstream(path, std::ios::binary) << contents;
+  files.paths.push_back(path);
   return path.string();
 }
 
