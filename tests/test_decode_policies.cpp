@@ -254,6 +254,8 @@ TEST(DecodePolicies, SnapKVSelectionMatchesNaive) {
         EXPECT_EQ(plan.per_query_head, per_query_head);
         const auto expected = naive_snapkv(c, p, p.budget);
         ASSERT_EQ(plan.kept.size(), per_query_head ? 4u : 2u);
+        // The per-query-head layout stores g = 2 times the entries.
+        EXPECT_EQ(plan.kept_entries(), (per_query_head ? 4 : 2) * p.budget);
         for (size_t h = 0; h < expected.size(); ++h) {
           ASSERT_EQ(plan.kept[h].size(), static_cast<size_t>(p.budget));
           EXPECT_EQ(plan.kept[h], expected[h])

@@ -10,6 +10,14 @@ struct LayerDecodePlan {
   // One list per KV head (or per query head when DecodeParams::per_query_head), ascending cache indices.
   std::vector<std::vector<int32_t>> kept;
   bool per_query_head = false;
+
+  // Entries kept over all lists: the rows of K (and of V) the compressed cache stores, so the
+  // per-query-head layout's memory cost (g times the per-KV-head one) can be reported.
+  int64_t kept_entries() const {
+    int64_t total = 0;
+    for (const auto& list : kept) total += static_cast<int64_t>(list.size());
+    return total;
+  }
 };
 
 // Inputs of a compression decision for one layer.

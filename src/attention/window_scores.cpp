@@ -43,43 +43,61 @@ void check_decode_inputs(const DecodeInputs& inputs, bool needs_queries) {
   }
 }
 
+namespace {
+
+// Window scores of one query head into row[0 .. candidates). logits is scratch space
+// [window][length] filled key-outer, so each cached key is read once for all the window's queries.
+__attribute__((target_clones("arch=haswell", "default"))) void head_window_scores(
+    const float* window_queries, int q_heads, int head, int window, const float* keys,
+    int64_t length, int head_dim, float scale, int64_t candidates, std::vector<float>& logits,
+    std::vector<double>& sums, float* row) {
+  logits.resize(static_cast<size_t>(window) * length);
+  const int64_t first_position = length - window;  // cache position of window query 0
+  for (int64_t j = 0; j < length; ++j) {
+    const float* key = keys + j * head_dim;
+    // Causal: only the queries at positions >= j see key j.
+    const int first_query = static_cast<int>(std::max<int64_t>(0, j - first_position));
+    for (int i = first_query; i < window; ++i) {
+      const float* query = window_queries + (static_cast<int64_t>(i) * q_heads + head) * head_dim;
+      logits[i * length + j] = dot(query, key, head_dim) * scale;
+    }
+  }
+  sums.assign(static_cast<size_t>(candidates), 0.0);
+  for (int i = 0; i < window; ++i) {
+    float* query_logits = logits.data() + static_cast<int64_t>(i) * length;
+    const int64_t seen = first_position + i + 1;  // keys 0 .. own position
+    float largest = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < seen; ++j) largest = std::max(largest, query_logits[j]);
+    double total = 0.0;
+    for (int64_t j = 0; j < seen; ++j) {
+      query_logits[j] = std::exp(query_logits[j] - largest);
+      total += query_logits[j];
+    }
+    const double inverse = 1.0 / total;
+    const int64_t counted = std::min(candidates, seen);
+    for (int64_t j = 0; j < counted; ++j) sums[j] += query_logits[j] * inverse;
+  }
+  for (int64_t j = 0; j < candidates; ++j) row[j] = static_cast<float>(sums[j] / window);
+}
+
+}  // namespace
+
 std::vector<float> window_attention_scores(const DecodeInputs& inputs, int64_t candidates) {
   const int q_heads = inputs.num_q_heads;
   const int group = q_heads / inputs.num_kv_heads;
   const int head_dim = inputs.head_dim;
-  const int64_t length = inputs.cache_length;
-  const int window = inputs.window_tokens;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   std::vector<float> result(static_cast<size_t>(q_heads) * candidates, 0.0f);
 #pragma omp parallel
   {
-    std::vector<float> logits(static_cast<size_t>(length));
-    std::vector<double> sums(static_cast<size_t>(candidates));
+    std::vector<float> logits;
+    std::vector<double> sums;
 #pragma omp for schedule(dynamic, 1)
     for (int head = 0; head < q_heads; ++head) {
-      const float* keys = inputs.keys + (head / group) * inputs.key_stride * head_dim;
-      std::fill(sums.begin(), sums.end(), 0.0);
-      for (int i = 0; i < window; ++i) {
-        const int64_t position = length - window + i;
-        const float* query =
-            inputs.window_queries + (static_cast<int64_t>(i) * q_heads + head) * head_dim;
-        const int64_t seen = position + 1;  // causal: keys 0 .. position
-        float largest = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < seen; ++j) {
-          logits[j] = dot(query, keys + j * head_dim, head_dim) * scale;
-          largest = std::max(largest, logits[j]);
-        }
-        double total = 0.0;
-        for (int64_t j = 0; j < seen; ++j) {
-          logits[j] = std::exp(logits[j] - largest);
-          total += logits[j];
-        }
-        const int64_t counted = std::min(candidates, seen);
-        const double inverse = 1.0 / total;
-        for (int64_t j = 0; j < counted; ++j) sums[j] += logits[j] * inverse;
-      }
-      float* row = result.data() + static_cast<int64_t>(head) * candidates;
-      for (int64_t j = 0; j < candidates; ++j) row[j] = static_cast<float>(sums[j] / window);
+      head_window_scores(inputs.window_queries, q_heads, head, inputs.window_tokens,
+                         inputs.keys + (head / group) * inputs.key_stride * head_dim,
+                         inputs.cache_length, head_dim, scale, candidates, logits, sums,
+                         result.data() + static_cast<int64_t>(head) * candidates);
     }
   }
   return result;

@@ -63,10 +63,11 @@ void check_plan(const AttentionShape& shape, const LayerPrefillPlan& plan) {
   }
 }
 
-// Softmax-weighted sum of the values at `ranges` for one query; scores is scratch space.
-void attend(const float* query, const float* keys, const float* values, int64_t head_dim,
-            float scale, const std::vector<KeyRange>& ranges, std::vector<float>& scores,
-            float* result) {
+// Softmax-weighted sum of the values at `ranges` for one query; scores is scratch space. Cloned for
+// AVX2 like the dense kernels, so sparse and dense attention are compared on equal terms.
+__attribute__((target_clones("arch=haswell", "default"))) void attend(
+    const float* query, const float* keys, const float* values, int64_t head_dim, float scale,
+    const std::vector<KeyRange>& ranges, std::vector<float>& scores, float* result) {
   int64_t total = 0;
   for (const KeyRange& range : ranges) total += range.count;
   scores.resize(static_cast<size_t>(total));

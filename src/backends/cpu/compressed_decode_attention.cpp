@@ -16,6 +16,24 @@ inline float dot(const float* a, const float* b, int64_t size) {
   return sum;
 }
 
+// One query head over its cache: softmax(q.k * scale) weighted sum of the values.
+__attribute__((target_clones("arch=haswell", "default"))) void attend_one_head(
+    const float* query, const float* keys, const float* values, int64_t length, int64_t head_dim,
+    float scale, std::vector<float>& scores, float* result) {
+  std::fill(result, result + head_dim, 0.0f);
+  if (length <= 0) return;
+  scores.resize(static_cast<size_t>(length));
+  for (int64_t j = 0; j < length; ++j)
+    scores[j] = dot(query, keys + j * head_dim, head_dim) * scale;
+  softmax_inplace(scores.data(), length);
+  for (int64_t j = 0; j < length; ++j) {
+    const float weight = scores[j];
+    const float* value = values + j * head_dim;
+#pragma omp simd
+    for (int64_t d = 0; d < head_dim; ++d) result[d] += weight * value[d];
+  }
+}
+
 }  // namespace
 
 void compressed_decode_attention(const float* q, const float* const* key_heads,
@@ -32,24 +50,8 @@ void compressed_decode_attention(const float* q, const float* const* key_heads,
 #pragma omp for schedule(dynamic, 1)
     for (int64_t head = 0; head < shape.q_heads; ++head) {
       const int64_t cache = shape.per_query_head ? head : head / group;
-      const int64_t length = lengths[cache];
-      const float* query = q + head * head_dim;
-      const float* keys = key_heads[cache];
-      const float* values = value_heads[cache];
-      float* result = out + head * head_dim;
-      std::fill(result, result + head_dim, 0.0f);
-      if (length <= 0) continue;
-      scores.resize(static_cast<size_t>(length));
-      for (int64_t j = 0; j < length; ++j) {
-        scores[j] = dot(query, keys + j * head_dim, head_dim) * shape.scale;
-      }
-      softmax_inplace(scores.data(), length);
-      for (int64_t j = 0; j < length; ++j) {
-        const float weight = scores[j];
-        const float* value = values + j * head_dim;
-#pragma omp simd
-        for (int64_t d = 0; d < head_dim; ++d) result[d] += weight * value[d];
-      }
+      attend_one_head(q + head * head_dim, key_heads[cache], value_heads[cache], lengths[cache],
+                      head_dim, shape.scale, scores, out + head * head_dim);
     }
   }
 }
