@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# One whole round on the GPU machine (one H200, no package registry): unpack the carried header-only
+# dependencies (.deps/*.deb, from scripts/fetch_header_deps.sh), build GoogleTest from its sources and the
+# CUDA build with all cores, run the GPU tests, run the benchmarks next to their torch references, and
+# write one log, JSON and markdown into $OUT (few files: the device run returns at most 8). Prints a short
+# table last.
+#   OUT            output folder (the device run sets it)
+#   GPU_ROUND      what to run: comma-separated subset of build,tests,attention (default: all of them)
+#   BENCH_LENGTHS  attention lengths (default 8192,32768,131072)
+set -uo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+out="${OUT:?set OUT to the folder that receives logs and results}"
+steps=",${GPU_ROUND:-build,tests,attention},"
+lengths="${BENCH_LENGTHS:-8192,32768,131072}"
+deps=/tmp/deps
+build="${repo_root}/build-gpu"
+jobs=$(nproc)
+mkdir -p "${out}"
+log="${out}/round.log"
+: > "${log}"
+export PYTHONUNBUFFERED=1
+status=0
+summary=()
+step_failed() { summary+=("FAILED: $1"); status=1; }
+section() { printf '\n==== %s\n' "$1" >> "${log}"; }
+
+section machine
+{
+  date -u +"%Y-%m-%dT%H:%M:%SZ"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+  nvcc --version | tail -2
+  cmake --version | head -1
+  g++ --version | head -1
+} 2>&1 | tee -a "${log}"
+
+if [[ "${steps}" == *",build,"* ]]; then
+  mkdir -p "${deps}"
+  for package in "${repo_root}"/.deps/*.deb; do dpkg -x "${package}" "${deps}"; done
+  if [[ ! -f "${deps}/usr/lib/cmake/GTest/GTestConfig.cmake" ]]; then
+    section googletest
+    { cmake -S "${deps}/usr/src/googletest" -B /tmp/googletest-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_INSTALL_PREFIX="${deps}/usr" -DCMAKE_INSTALL_LIBDIR=lib -DBUILD_GMOCK=OFF \
+        -DCMAKE_POLICY_VERSION_MINIMUM=3.5 &&
+      ninja -C /tmp/googletest-build -j"${jobs}" install; } >> "${log}" 2>&1 || step_failed "GoogleTest build"
+  fi
+  section build
+  start=$(date +%s)
+  { cmake -S "${repo_root}" -B "${build}" -G Ninja -DCMAKE_BUILD_TYPE=Release -DENTROPYINFER_CUDA=ON \
+      -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="${deps}/usr" &&
+    ninja -C "${build}" -j"${jobs}" entropyinfer_gpu_tests entropyinfer_gpu_bench; } >> "${log}" 2>&1 ||
+    { step_failed "build"; grep -E "error|Error" "${log}" | head -30; }
+  summary+=("build: $(( $(date +%s) - start )) s")
+fi
+
+if [[ "${steps}" == *",tests,"* && -x "${build}/entropyinfer_gpu_tests" ]]; then
+  section tests
+  start=$(date +%s)
+  # A kernel that deadlocks must not eat the whole device call; the Hopper kernel's tests run last and
+  # alone, so that everything else is measured even if it hangs.
+  timeout -k 10 300 "${build}/entropyinfer_gpu_tests" --gtest_filter='-*Wgmma*' \
+    --gtest_output="json:${out}/gpu-tests.json" >> "${log}" 2>&1 || step_failed "GPU tests"
+  timeout -k 10 240 "${build}/entropyinfer_gpu_tests" --gtest_filter='*Wgmma*' \
+    --gtest_output="json:${out}/gpu-tests-wgmma.json" >> "${log}" 2>&1 || step_failed "GPU tests (wgmma)"
+  summary+=("GPU tests: $(( $(date +%s) - start )) s")
+  sed -n '/==== tests/,$p' "${log}" | grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|Expected|Which is|actual|error" | head -60
+fi
+
+if [[ "${steps}" == *",attention,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
+  section attention
+  kernels=wgmma,mma
+  tests_log=$(sed -n '/==== tests/,$p' "${log}")
+  last_test=$(grep -E '^\[ RUN|^\[       OK|^\[  FAILED' <<< "${tests_log}" | tail -1)
+  if grep -q "FAILED.*Wgmma" <<< "${tests_log}" || [[ "${last_test}" == *RUN*Wgmma* ]]; then
+    kernels=mma  # the wgmma kernel failed or hung in the tests: measure the other one only
+  fi
+  timeout -k 10 300 "${build}/entropyinfer_gpu_bench" attention --lengths "${lengths}" --kernels "${kernels}" \
+    --json "${out}/attention-ours.json" \
+    2>&1 | tee -a "${log}" || step_failed "attention benchmark"
+  python3 "${repo_root}/bench/gpu/sdpa_reference.py" --lengths "${lengths}" --json "${out}/attention-sdpa.json" \
+    2>&1 | tee -a "${log}" || step_failed "torch SDPA reference"
+  if [[ -f "${out}/attention-ours.json" && -f "${out}/attention-sdpa.json" ]]; then
+    python3 "${repo_root}/bench/gpu/attention_report.py" --ours "${out}/attention-ours.json" \
+      --sdpa "${out}/attention-sdpa.json" --date "$(date -u +%Y-%m-%d)" \
+      --command "GPU_ROUND=${GPU_ROUND:-build,tests,attention} BENCH_LENGTHS=${lengths} scripts/gpu_round.sh" \
+      --json "${out}/attention.json" --markdown "${out}/attention.md" > /dev/null
+  fi
+fi
+
+echo
+printf '%s\n' "${summary[@]}" | tee -a "${log}"
+[[ -f "${out}/attention.md" ]] && cat "${out}/attention.md"
+exit "${status}"

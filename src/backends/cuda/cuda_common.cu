@@ -1,0 +1,68 @@
+#include <string>
+
+#include "backends/cuda/cuda_common.h"
+
+namespace entropyinfer::cuda {
+
+void check(cudaError_t status, const char* what) {
+  if (status == cudaSuccess) return;
+  throw Error(std::string(what) + ": " + cudaGetErrorString(status));
+}
+
+void check_launch(const char* kernel_name) {
+  const cudaError_t status = cudaGetLastError();
+  if (status == cudaSuccess) return;
+  throw Error(std::string("CUDA kernel ") + kernel_name +
+              " failed to launch: " + cudaGetErrorString(status));
+}
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error so later queries start clean
+    return 0;
+  }
+  return count;
+}
+
+std::pair<size_t, size_t> device_memory() {
+  size_t free_bytes = 0, total_bytes = 0;
+  check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  return {free_bytes, total_bytes};
+}
+
+int compute_capability() {
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  int major = 0, minor = 0;
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+        "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+        "cudaDeviceGetAttribute");
+  return major * 10 + minor;
+}
+
+int multiprocessor_count() {
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  int count = 0;
+  check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
+        "cudaDeviceGetAttribute");
+  return count;
+}
+
+void* device_allocate(size_t bytes) {
+  void* pointer = nullptr;
+  const cudaError_t status = cudaMalloc(&pointer, bytes);
+  if (status == cudaSuccess) return pointer;
+  cudaGetLastError();
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaMemGetInfo(&free_bytes, &total_bytes);
+  auto gib = [](size_t value) {
+    return std::to_string(static_cast<double>(value) / (1 << 30)).substr(0, 6);
+  };
+  throw Error("GPU allocation of " + gib(bytes) + " GiB failed (" + cudaGetErrorString(status) +
+              "); " + gib(free_bytes) + " GiB of " + gib(total_bytes) + " GiB are free");
+}
+
+}  // namespace entropyinfer::cuda

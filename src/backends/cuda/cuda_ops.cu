@@ -1,0 +1,443 @@
+#include <algorithm>
+#include <cfloat>
+#include <string>
+#include <type_traits>
+
+#include "backends/cuda/cuda_ops.h"
+
+namespace entropyinfer::cuda {
+namespace {
+
+void check_blas(cublasStatus_t status, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  throw Error(std::string(what) + " failed: " + cublasLtGetStatusString(status));
+}
+
+unsigned blocks_for(int64_t count, int threads) {
+  return static_cast<unsigned>((count + threads - 1) / threads);
+}
+
+// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets the
+// sum.
+__device__ float block_sum(float value) {
+  __shared__ float partial[32];
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = value;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  value = lane < warps ? partial[lane] : 0.0f;
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+__device__ inline float load_float(const float* x) { return *x; }
+__device__ inline float load_float(const bf16* x) { return __bfloat162float(*x); }
+
+template <typename In>
+__global__ void rms_norm_kernel(const In* x, const float* weight, int64_t size, float eps,
+                                bf16* out, int64_t x_stride, int64_t out_stride) {
+  const In* row = x + blockIdx.x * x_stride;
+  bf16* out_row = out + blockIdx.x * out_stride;
+  float squares = 0.0f;
+  for (int64_t i = threadIdx.x; i < size; i += blockDim.x) {
+    const float value = load_float(row + i);
+    squares += value * value;
+  }
+  const float inverse_rms = rsqrtf(block_sum(squares) / static_cast<float>(size) + eps);
+  for (int64_t i = threadIdx.x; i < size; i += blockDim.x) {
+    out_row[i] = __float2bfloat16(load_float(row + i) * inverse_rms * weight[i]);
+  }
+}
+
+int norm_threads(int64_t size) {
+  if (size >= 2048) return 512;
+  if (size >= 512) return 256;
+  return 64;
+}
+
+// One warp per (token, head).
+__global__ void head_rms_norm_kernel(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim,
+                                     int64_t token_stride, const float* weight, float eps) {
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= tokens * heads) return;
+  bf16* head = x + (warp / heads) * token_stride + (warp % heads) * head_dim;
+  float squares = 0.0f;
+  for (int64_t i = lane; i < head_dim; i += 32) {
+    const float value = __bfloat162float(head[i]);
+    squares += value * value;
+  }
+  for (int offset = 16; offset > 0; offset >>= 1)
+    squares += __shfl_xor_sync(0xffffffffu, squares, offset);
+  const float inverse_rms = rsqrtf(squares / static_cast<float>(head_dim) + eps);
+  for (int64_t i = lane; i < head_dim; i += 32) {
+    head[i] = __float2bfloat16(__bfloat162float(head[i]) * inverse_rms * weight[i]);
+  }
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t count) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) x[i] += y[i];
+}
+
+__global__ void add_bias_kernel(bf16* y, const float* bias, int64_t rows, int64_t width,
+                                int64_t stride) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * width) return;
+  bf16* element = y + (i / width) * stride + i % width;
+  *element = __float2bfloat16(__bfloat162float(*element) + bias[i % width]);
+}
+
+__global__ void swiglu_kernel(const bf16* gate, const bf16* up, int64_t rows, int64_t width,
+                              int64_t in_stride, bf16* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * width) return;
+  const int64_t row = i / width, column = i % width;
+  const float g = __bfloat162float(gate[row * in_stride + column]);
+  const float u = __bfloat162float(up[row * in_stride + column]);
+  out[i] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
+}
+
+// One thread per rotated pair.
+__global__ void rope_kernel(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim,
+                            int64_t token_stride, const float* cos, const float* sin, int64_t half,
+                            bool adjacent_pairs) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tokens * heads * half) return;
+  const int64_t pair = i % half;
+  const int64_t head_index = (i / half) % heads;
+  const int64_t token = i / (half * heads);
+  bf16* head = x + token * token_stride + head_index * head_dim;
+  const int64_t first = adjacent_pairs ? 2 * pair : pair;
+  const int64_t second = adjacent_pairs ? 2 * pair + 1 : pair + half;
+  const float c = cos[token * half + pair], s = sin[token * half + pair];
+  const float a = __bfloat162float(head[first]), b = __bfloat162float(head[second]);
+  head[first] = __float2bfloat16(a * c - b * s);
+  head[second] = __float2bfloat16(b * c + a * s);
+}
+
+// One thread per 8 elements (16 bytes) when head_dim allows, else per element.
+template <typename Chunk>
+__global__ void append_kv_kernel(const Chunk* keys, const Chunk* values, int64_t tokens,
+                                 int64_t token_stride, int64_t kv_heads, int64_t head_chunks,
+                                 Chunk* key_cache, Chunk* value_cache, int64_t cache_stride,
+                                 int64_t first_position) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tokens * kv_heads * head_chunks) return;
+  const int64_t chunk = i % head_chunks;
+  const int64_t head = (i / head_chunks) % kv_heads;
+  const int64_t token = i / (head_chunks * kv_heads);
+  const int64_t source = token * token_stride + head * head_chunks + chunk;
+  const int64_t target = (head * cache_stride + first_position + token) * head_chunks + chunk;
+  key_cache[target] = keys[source];
+  value_cache[target] = values[source];
+}
+
+__global__ void embedding_kernel(const bf16* table, const int32_t* ids, int64_t tokens,
+                                 int64_t hidden, float* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tokens * hidden) return;
+  out[i] = __bfloat162float(table[static_cast<int64_t>(ids[i / hidden]) * hidden + i % hidden]);
+}
+
+// One block per row; ties go to the smaller index, as std::max_element does.
+__global__ void argmax_kernel(const float* x, int64_t count, int32_t* out) {
+  const float* row = x + blockIdx.x * count;
+  float best = -FLT_MAX;
+  int64_t best_index = count;  // beyond every real index, so any value found wins
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+    const float value = row[i];
+    if (value > best || best_index == count) {
+      best = value;
+      best_index = i;
+    }
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+    const int64_t other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
+    if (other > best || (other == best && other_index < best_index)) {
+      best = other;
+      best_index = other_index;
+    }
+  }
+  __shared__ float warp_best[32];
+  __shared__ int64_t warp_index[32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    warp_best[warp] = best;
+    warp_index[warp] = best_index;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) {
+      if (warp_best[w] > best || (warp_best[w] == best && warp_index[w] < best_index)) {
+        best = warp_best[w];
+        best_index = warp_index[w];
+      }
+    }
+    out[blockIdx.x] = static_cast<int32_t>(best_index);
+  }
+}
+
+__global__ void to_bf16_kernel(const float* x, int64_t count, bf16* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) out[i] = __float2bfloat16(x[i]);
+}
+
+__global__ void to_float_kernel(const bf16* x, int64_t count, float* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) out[i] = __bfloat162float(x[i]);
+}
+
+// splitmix64 of (seed, index): independent uniform bits per element.
+__device__ inline float uniform_at(uint64_t seed, int64_t index, float scale) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(index) + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const float unit = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+  return (2.0f * unit - 1.0f) * scale;
+}
+
+template <typename T>
+__global__ void fill_uniform_kernel(T* x, int64_t count, uint64_t seed, float scale) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if constexpr (std::is_same_v<T, float>) {
+      x[i] = uniform_at(seed, i, scale);
+    } else {
+      x[i] = __float2bfloat16(uniform_at(seed, i, scale));
+    }
+  }
+}
+
+constexpr int kThreads = 256;
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// cuBLASLt
+
+struct Blas::Plan {
+  cublasLtMatmulDesc_t operation = nullptr;
+  cublasLtMatrixLayout_t weight_layout = nullptr, input_layout = nullptr, output_layout = nullptr;
+  cublasLtMatmulAlgo_t algorithm{};
+  ~Plan() {
+    if (output_layout) cublasLtMatrixLayoutDestroy(output_layout);
+    if (input_layout) cublasLtMatrixLayoutDestroy(input_layout);
+    if (weight_layout) cublasLtMatrixLayoutDestroy(weight_layout);
+    if (operation) cublasLtMatmulDescDestroy(operation);
+  }
+};
+
+Blas::Blas(cudaStream_t stream, size_t workspace_bytes)
+    : stream_(stream), workspace_(workspace_bytes) {
+  check_blas(cublasLtCreate(&handle_), "cublasLtCreate");
+}
+
+Blas::~Blas() {
+  for (auto& [key, plan] : plans_) delete plan;
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+const Blas::Plan& Blas::plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride,
+                                 bool fp32_out) {
+  const auto key = std::make_tuple(tokens, in, out, y_stride, fp32_out);
+  if (auto found = plans_.find(key); found != plans_.end()) return *found->second;
+  auto* plan = new Plan;
+  try {
+    // Column-major view: y^T (out x tokens) = W (in x out, stored row-major as [out][in])^T * x^T.
+    check_blas(cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+               "cublasLtMatmulDescCreate");
+    const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+    check_blas(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA,
+                                              &transpose, sizeof(transpose)),
+               "cublasLtMatmulDescSetAttribute");
+    check_blas(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, &keep,
+                                              sizeof(keep)),
+               "cublasLtMatmulDescSetAttribute");
+    check_blas(cublasLtMatrixLayoutCreate(&plan->weight_layout, CUDA_R_16BF, in, out, in),
+               "cublasLtMatrixLayoutCreate");
+    check_blas(cublasLtMatrixLayoutCreate(&plan->input_layout, CUDA_R_16BF, in, tokens, in),
+               "cublasLtMatrixLayoutCreate");
+    check_blas(cublasLtMatrixLayoutCreate(&plan->output_layout, fp32_out ? CUDA_R_32F : CUDA_R_16BF,
+                                          out, tokens, y_stride),
+               "cublasLtMatrixLayoutCreate");
+    cublasLtMatmulPreference_t preference = nullptr;
+    check_blas(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
+    const uint64_t workspace_bytes = workspace_.bytes();
+    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                         &workspace_bytes, sizeof(workspace_bytes));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        handle_, plan->operation, plan->weight_layout, plan->input_layout, plan->output_layout,
+        plan->output_layout, preference, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(preference);
+    check_blas(status, "cublasLtMatmulAlgoGetHeuristic");
+    if (found == 0) {
+      throw Error("cuBLASLt has no algorithm for a " + std::to_string(tokens) + "x" +
+                  std::to_string(in) + "x" + std::to_string(out) + " bf16 product");
+    }
+    plan->algorithm = result.algo;
+  } catch (...) {
+    delete plan;
+    throw;
+  }
+  plans_.emplace(key, plan);
+  return *plan;
+}
+
+void Blas::run(const Plan& plan, const bf16* x, const bf16* w, void* y, bool accumulate) {
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  check_blas(cublasLtMatmul(handle_, plan.operation, &alpha, w, plan.weight_layout, x,
+                            plan.input_layout, &beta, y, plan.output_layout, y, plan.output_layout,
+                            &plan.algorithm, workspace_.data(), workspace_.bytes(), stream_),
+             "cublasLtMatmul");
+}
+
+void Blas::linear(const bf16* x, int64_t tokens, int64_t in, const bf16* w, int64_t out, bf16* y,
+                  int64_t y_stride) {
+  if (tokens == 0) return;
+  if (y_stride == 0) y_stride = out;
+  run(plan_for(tokens, in, out, y_stride, false), x, w, y, false);
+}
+
+void Blas::linear(const bf16* x, int64_t tokens, int64_t in, const bf16* w, int64_t out, float* y,
+                  bool accumulate, int64_t y_stride) {
+  if (tokens == 0) return;
+  if (y_stride == 0) y_stride = out;
+  run(plan_for(tokens, in, out, y_stride, true), x, w, y, accumulate);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Elementwise and row ops
+
+void rms_norm(const float* x, const float* weight, int64_t rows, int64_t size, float eps, bf16* out,
+              cudaStream_t stream) {
+  if (rows == 0) return;
+  rms_norm_kernel<float><<<static_cast<unsigned>(rows), norm_threads(size), 0, stream>>>(
+      x, weight, size, eps, out, size, size);
+  check_launch("rms_norm");
+}
+
+void rms_norm(const bf16* x, const float* weight, int64_t rows, int64_t size, float eps, bf16* out,
+              cudaStream_t stream, int64_t x_stride, int64_t out_stride) {
+  if (rows == 0) return;
+  rms_norm_kernel<bf16><<<static_cast<unsigned>(rows), norm_threads(size), 0, stream>>>(
+      x, weight, size, eps, out, x_stride ? x_stride : size, out_stride ? out_stride : size);
+  check_launch("rms_norm");
+}
+
+void head_rms_norm(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t token_stride,
+                   const float* weight, float eps, cudaStream_t stream) {
+  const int64_t warps = tokens * heads;
+  if (warps == 0) return;
+  head_rms_norm_kernel<<<blocks_for(warps * 32, kThreads), kThreads, 0, stream>>>(
+      x, tokens, heads, head_dim, token_stride, weight, eps);
+  check_launch("head_rms_norm");
+}
+
+void add_inplace(float* x, const float* y, int64_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  add_kernel<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(x, y, count);
+  check_launch("add_inplace");
+}
+
+void add_bias(bf16* y, const float* bias, int64_t rows, int64_t width, int64_t stride,
+              cudaStream_t stream) {
+  if (rows * width == 0) return;
+  add_bias_kernel<<<blocks_for(rows * width, kThreads), kThreads, 0, stream>>>(y, bias, rows, width,
+                                                                               stride);
+  check_launch("add_bias");
+}
+
+void swiglu(const bf16* gate, const bf16* up, int64_t rows, int64_t width, int64_t in_stride,
+            bf16* out, cudaStream_t stream) {
+  if (rows * width == 0) return;
+  swiglu_kernel<<<blocks_for(rows * width, kThreads), kThreads, 0, stream>>>(gate, up, rows, width,
+                                                                             in_stride, out);
+  check_launch("swiglu");
+}
+
+void apply_rope(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t token_stride,
+                const float* cos, const float* sin, int64_t rotary_dim, bool adjacent_pairs,
+                cudaStream_t stream) {
+  const int64_t half = rotary_dim / 2;
+  const int64_t pairs = tokens * heads * half;
+  if (pairs == 0) return;
+  rope_kernel<<<blocks_for(pairs, kThreads), kThreads, 0, stream>>>(
+      x, tokens, heads, head_dim, token_stride, cos, sin, half, adjacent_pairs);
+  check_launch("apply_rope");
+}
+
+void append_kv(const bf16* keys, const bf16* values, int64_t tokens, int64_t token_stride,
+               int64_t kv_heads, int64_t head_dim, bf16* key_cache, bf16* value_cache,
+               int64_t cache_stride, int64_t first_position, cudaStream_t stream) {
+  if (tokens == 0) return;
+  const bool aligned = head_dim % 8 == 0 && token_stride % 8 == 0 &&
+                       reinterpret_cast<uintptr_t>(keys) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(values) % 16 == 0;
+  if (aligned) {
+    const int64_t chunks = head_dim / 8;
+    append_kv_kernel<uint4>
+        <<<blocks_for(tokens * kv_heads * chunks, kThreads), kThreads, 0, stream>>>(
+            reinterpret_cast<const uint4*>(keys), reinterpret_cast<const uint4*>(values), tokens,
+            token_stride / 8, kv_heads, chunks, reinterpret_cast<uint4*>(key_cache),
+            reinterpret_cast<uint4*>(value_cache), cache_stride, first_position);
+  } else {
+    append_kv_kernel<bf16>
+        <<<blocks_for(tokens * kv_heads * head_dim, kThreads), kThreads, 0, stream>>>(
+            keys, values, tokens, token_stride, kv_heads, head_dim, key_cache, value_cache,
+            cache_stride, first_position);
+  }
+  check_launch("append_kv");
+}
+
+void embedding(const bf16* table, const int32_t* ids, int64_t tokens, int64_t hidden, float* out,
+               cudaStream_t stream) {
+  if (tokens == 0) return;
+  embedding_kernel<<<blocks_for(tokens * hidden, kThreads), kThreads, 0, stream>>>(
+      table, ids, tokens, hidden, out);
+  check_launch("embedding");
+}
+
+void argmax_rows(const float* x, int64_t rows, int64_t count, int32_t* out, cudaStream_t stream) {
+  if (rows == 0) return;
+  argmax_kernel<<<static_cast<unsigned>(rows), 1024, 0, stream>>>(x, count, out);
+  check_launch("argmax_rows");
+}
+
+void fill_uniform(bf16* x, int64_t count, uint64_t seed, float scale, cudaStream_t stream) {
+  if (count == 0) return;
+  const unsigned blocks =
+      static_cast<unsigned>(std::min<int64_t>((count + kThreads - 1) / kThreads, 65536));
+  fill_uniform_kernel<bf16><<<blocks, kThreads, 0, stream>>>(x, count, seed, scale);
+  check_launch("fill_uniform");
+}
+
+void fill_uniform(float* x, int64_t count, uint64_t seed, float scale, cudaStream_t stream) {
+  if (count == 0) return;
+  const unsigned blocks =
+      static_cast<unsigned>(std::min<int64_t>((count + kThreads - 1) / kThreads, 65536));
+  fill_uniform_kernel<float><<<blocks, kThreads, 0, stream>>>(x, count, seed, scale);
+  check_launch("fill_uniform");
+}
+
+void to_bf16(const float* x, int64_t count, bf16* out, cudaStream_t stream) {
+  if (count == 0) return;
+  to_bf16_kernel<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(x, count, out);
+  check_launch("to_bf16");
+}
+
+void to_float(const bf16* x, int64_t count, float* out, cudaStream_t stream) {
+  if (count == 0) return;
+  to_float_kernel<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(x, count, out);
+  check_launch("to_float");
+}
+
+}  // namespace entropyinfer::cuda

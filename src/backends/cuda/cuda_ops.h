@@ -1,0 +1,103 @@
+// The CUDA backend's ops, one for each CPU op in backends/cpu/cpu_ops.h (same meaning, same
+// argument order where it can be), on device pointers and a stream. Weights, activations between
+// matrix products and the KV cache are bf16; the residual stream, norms' weights, RoPE tables and
+// logits are fp32; every reduction accumulates in fp32.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+#include "backends/cuda/cuda_common.h"
+
+namespace entropyinfer::cuda {
+
+// Matrix products through cuBLASLt: bf16 operands, fp32 accumulation. One instance per stream; it
+// owns the handle, a workspace and the algorithm chosen for each shape.
+class Blas {
+ public:
+  explicit Blas(cudaStream_t stream = nullptr, size_t workspace_bytes = size_t{32} << 20);
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+
+  // y[t][o] = sum_k x[t][k] * w[o][k]; x is [tokens, in], w is [out, in] (nn.Linear layout), y is
+  // [tokens, out] row-major with rows y_stride elements apart (0 means out).
+  void linear(const bf16* x, int64_t tokens, int64_t in, const bf16* w, int64_t out, bf16* y,
+              int64_t y_stride = 0);
+  // fp32 output; accumulate adds the product to what y holds (y += x * w^T), which fuses the
+  // residual add after the attention output and MLP down projections.
+  void linear(const bf16* x, int64_t tokens, int64_t in, const bf16* w, int64_t out, float* y,
+              bool accumulate = false, int64_t y_stride = 0);
+
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  struct Plan;
+  const Plan& plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride, bool fp32_out);
+  void run(const Plan& plan, const bf16* x, const bf16* w, void* y, bool accumulate);
+
+  cudaStream_t stream_;
+  cublasLtHandle_t handle_ = nullptr;
+  DeviceBuffer<uint8_t> workspace_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, Plan*> plans_;
+};
+
+// out[r] = x[r] / rms(x[r]) * weight, rows of `size` (rows `x_stride` / `out_stride` elements
+// apart; 0 means size). One block per row; out may alias x when the types match.
+void rms_norm(const float* x, const float* weight, int64_t rows, int64_t size, float eps, bf16* out,
+              cudaStream_t stream);
+void rms_norm(const bf16* x, const float* weight, int64_t rows, int64_t size, float eps, bf16* out,
+              cudaStream_t stream, int64_t x_stride = 0, int64_t out_stride = 0);
+
+// Per-head RMSNorm over heads of head_dim inside rows of `token_stride` elements (Qwen3's q/k
+// norm), in place: x[t][h] at x + t * token_stride + h * head_dim.
+void head_rms_norm(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t token_stride,
+                   const float* weight, float eps, cudaStream_t stream);
+
+// x[i] += y[i]
+void add_inplace(float* x, const float* y, int64_t count, cudaStream_t stream);
+
+// y[t][o] += bias[o] for rows of `width` that are `stride` elements apart.
+void add_bias(bf16* y, const float* bias, int64_t rows, int64_t width, int64_t stride,
+              cudaStream_t stream);
+
+// out[t][i] = silu(gate[t][i]) * up[t][i]; gate and up rows are in_stride elements apart (they may
+// be the two halves of one fused [gate | up] product), out rows are width apart.
+void swiglu(const bf16* gate, const bf16* up, int64_t rows, int64_t width, int64_t in_stride,
+            bf16* out, cudaStream_t stream);
+
+// Rotates each head of x in place: x[t][h] at x + t * token_stride + h * head_dim, with the angles
+// in cos/sin ([tokens, rotary_dim / 2], fp32). adjacent_pairs: rotate (x[2i], x[2i+1]) as llama2.c
+// does; otherwise (x[i], x[i + rotary_dim/2]) as Hugging Face models do. Dimensions past rotary_dim
+// stay.
+void apply_rope(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t token_stride,
+                const float* cos, const float* sin, int64_t rotary_dim, bool adjacent_pairs,
+                cudaStream_t stream);
+
+// Copies keys and values of `tokens` new tokens ([t][kv_heads][head_dim] with rows token_stride
+// apart) into head-major caches ([kv_heads][cache_stride][head_dim]) at rows first_position.. .
+void append_kv(const bf16* keys, const bf16* values, int64_t tokens, int64_t token_stride,
+               int64_t kv_heads, int64_t head_dim, bf16* key_cache, bf16* value_cache,
+               int64_t cache_stride, int64_t first_position, cudaStream_t stream);
+
+// out[t] = table[ids[t]] widened to fp32 ([tokens, hidden]). Ids must be inside the table (the
+// caller validates them on the host, where an error can be reported).
+void embedding(const bf16* table, const int32_t* ids, int64_t tokens, int64_t hidden, float* out,
+               cudaStream_t stream);
+
+// out[r] = the index of the largest value of row r (the first one on ties), rows of `count`.
+void argmax_rows(const float* x, int64_t rows, int64_t count, int32_t* out, cudaStream_t stream);
+
+// x[i] = uniform in [-scale, scale) from a counter-based hash of (seed, i): random weights and
+// benchmark inputs made on the GPU, reproducible for a seed.
+void fill_uniform(bf16* x, int64_t count, uint64_t seed, float scale, cudaStream_t stream);
+void fill_uniform(float* x, int64_t count, uint64_t seed, float scale, cudaStream_t stream);
+
+// Element conversions.
+void to_bf16(const float* x, int64_t count, bf16* out, cudaStream_t stream);
+void to_float(const bf16* x, int64_t count, float* out, cudaStream_t stream);
+
+}  // namespace entropyinfer::cuda

@@ -1,0 +1,411 @@
+// FlashAttention-2 style kernel on mma.sync tensor-core instructions, split-KV decoding with a
+// log-sum-exp merge, and the dispatch between these and the Hopper kernel.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backends/cuda/flash_attention.h"
+#include "backends/cuda/flash_attention_internal.cuh"
+
+namespace entropyinfer::cuda {
+namespace {
+
+using detail::FlashParams;
+
+constexpr int kMmaBlockN = 64;  // keys per K/V tile
+constexpr int kPrefillWarps = 4;
+constexpr int kDecodeWarps = 1;
+
+template <int kHeadDim, int kWarps>
+struct MmaTile {
+  static constexpr int kBlockM = 16 * kWarps;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kRowBytes = kHeadDim * 2;
+  static constexpr int kKvTileBytes = kMmaBlockN * kRowBytes;
+  static constexpr int kSharedBytes =
+      kBlockM * kRowBytes + 4 * kKvTileBytes;  // Q + K, V x 2 stages
+};
+
+// Rows of kHeadDim bf16, each 16-byte chunk moved by (row mod 8): the 8 rows one ldmatrix reads hit
+// 8 different bank groups.
+template <int kHeadDim>
+__device__ __forceinline__ uint32_t swizzled(uint32_t tile, int row, int chunk) {
+  return tile + row * (kHeadDim * 2) + ((chunk ^ (row & 7)) << 4);
+}
+
+template <int kHeadDim, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps) flash_mma_kernel(const FlashParams p) {
+  using Tile = MmaTile<kHeadDim, kWarps>;
+  constexpr int kBlockM = Tile::kBlockM, kChunks = Tile::kChunks, kThreads = Tile::kThreads;
+  constexpr int kTilesN = kMmaBlockN / 8;  // 8-key column tiles of S
+  constexpr int kTilesD = kHeadDim / 8;    // 8-wide column tiles of O
+  extern __shared__ __align__(128) uint8_t shared[];
+  const uint32_t q_tile = detail::shared_address(shared);
+  const uint32_t k_tiles = q_tile + kBlockM * Tile::kRowBytes;
+  const uint32_t v_tiles = k_tiles + 2 * Tile::kKvTileBytes;
+
+  const int kv_head = blockIdx.x;
+  const int row0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;  // latest (longest) rows first
+  const int split = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group = p.group;
+
+  const int last_row = min(row0 + kBlockM, p.rows) - 1;
+  const int min_position = p.first_position + row0 / group;
+  const int max_position = p.first_position + last_row / group;
+  const int total_blocks = (max_position + kMmaBlockN) / kMmaBlockN;
+  const int blocks_per_split = (total_blocks + p.splits - 1) / p.splits;
+  const int block_begin = split * blocks_per_split;
+  const int block_end = min(total_blocks, block_begin + blocks_per_split);
+
+  const bf16* k_head = p.k + static_cast<int64_t>(kv_head) * p.cache_stride * kHeadDim;
+  const bf16* v_head = p.v + static_cast<int64_t>(kv_head) * p.cache_stride * kHeadDim;
+
+  for (int index = threadIdx.x; index < kBlockM * kChunks; index += kThreads) {
+    const int r = index / kChunks, c = index % kChunks;
+    const int row = row0 + r;
+    const bool valid = row < p.rows;
+    const bf16* source =
+        valid ? p.q + detail::packed_row_offset(row, group, kv_head, p.q_token_stride, kHeadDim) +
+                    c * 8
+              : p.q;
+    detail::cp_async_16(swizzled<kHeadDim>(q_tile, r, c), source, valid ? 16 : 0);
+  }
+  auto load_kv = [&](int block, int stage) {
+    const uint32_t k_tile = k_tiles + stage * Tile::kKvTileBytes;
+    const uint32_t v_tile = v_tiles + stage * Tile::kKvTileBytes;
+    for (int index = threadIdx.x; index < kMmaBlockN * kChunks; index += kThreads) {
+      const int r = index / kChunks, c = index % kChunks;
+      const int key = block * kMmaBlockN + r;
+      const bool valid =
+          key <= max_position;  // later rows are masked; zero-filled so 0 * V stays finite
+      const int64_t offset = static_cast<int64_t>(valid ? key : 0) * kHeadDim + c * 8;
+      detail::cp_async_16(swizzled<kHeadDim>(k_tile, r, c), k_head + offset, valid ? 16 : 0);
+      detail::cp_async_16(swizzled<kHeadDim>(v_tile, r, c), v_head + offset, valid ? 16 : 0);
+    }
+  };
+  if (block_begin < block_end) load_kv(block_begin, 0);
+  detail::cp_async_commit();
+
+  // This thread's two rows (g and g + 8 of its warp's 16).
+  const int g = lane / 4, t = lane % 4;
+  const int row_a = row0 + warp * 16 + g, row_b = row_a + 8;
+  const int position_a = p.first_position + row_a / group;
+  const int position_b = p.first_position + row_b / group;
+
+  float o[kTilesD][4];
+#pragma unroll
+  for (int i = 0; i < kTilesD; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
+  uint32_t qa[kHeadDim / 16][4];
+
+  for (int block = block_begin; block < block_end; ++block) {
+    const int stage = (block - block_begin) & 1;
+    if (block + 1 < block_end) load_kv(block + 1, stage ^ 1);
+    detail::cp_async_commit();
+    detail::cp_async_wait<1>();
+    __syncthreads();
+    if (block == block_begin) {
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        detail::ldmatrix_x4(
+            qa[kk], swizzled<kHeadDim>(q_tile, warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+      }
+    }
+    const uint32_t k_tile = k_tiles + stage * Tile::kKvTileBytes;
+    const uint32_t v_tile = v_tiles + stage * Tile::kKvTileBytes;
+
+    float s[kTilesN][4];
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+#pragma unroll
+      for (int np = 0; np < kTilesN / 2; ++np) {
+        uint32_t b[4];
+        const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+        detail::ldmatrix_x4(b, swizzled<kHeadDim>(k_tile, key, 2 * kk + ((lane >> 3) & 1)));
+        detail::mma_bf16_16816(s[2 * np], qa[kk], b[0], b[1]);
+        detail::mma_bf16_16816(s[2 * np + 1], qa[kk], b[2], b[3]);
+      }
+    }
+
+    if ((block + 1) * kMmaBlockN - 1 > min_position) {  // some key lies past some row's position
+#pragma unroll
+      for (int j = 0; j < kTilesN; ++j) {
+        const int key = block * kMmaBlockN + 8 * j + 2 * t;
+        if (key > position_a) s[j][0] = -INFINITY;
+        if (key + 1 > position_a) s[j][1] = -INFINITY;
+        if (key > position_b) s[j][2] = -INFINITY;
+        if (key + 1 > position_b) s[j][3] = -INFINITY;
+      }
+    }
+    float block_max_a = -INFINITY, block_max_b = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+      block_max_a = fmaxf(block_max_a, fmaxf(s[j][0], s[j][1]));
+      block_max_b = fmaxf(block_max_b, fmaxf(s[j][2], s[j][3]));
+    }
+    const float new_max_a = fmaxf(max_a, detail::quad_max(block_max_a) * p.scale_log2);
+    const float new_max_b = fmaxf(max_b, detail::quad_max(block_max_b) * p.scale_log2);
+    // A row that has seen only masked keys keeps max -inf; exponentiate against 0 then (all terms
+    // 0).
+    const float reference_a = new_max_a == -INFINITY ? 0.0f : new_max_a;
+    const float reference_b = new_max_b == -INFINITY ? 0.0f : new_max_b;
+    const float rescale_a = detail::fast_exp2(max_a - reference_a);
+    const float rescale_b = detail::fast_exp2(max_b - reference_b);
+    max_a = new_max_a;
+    max_b = new_max_b;
+    float block_sum_a = 0.0f, block_sum_b = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+      s[j][0] = detail::fast_exp2(fmaf(s[j][0], p.scale_log2, -reference_a));
+      s[j][1] = detail::fast_exp2(fmaf(s[j][1], p.scale_log2, -reference_a));
+      s[j][2] = detail::fast_exp2(fmaf(s[j][2], p.scale_log2, -reference_b));
+      s[j][3] = detail::fast_exp2(fmaf(s[j][3], p.scale_log2, -reference_b));
+      block_sum_a += s[j][0] + s[j][1];
+      block_sum_b += s[j][2] + s[j][3];
+    }
+    sum_a = sum_a * rescale_a + block_sum_a;
+    sum_b = sum_b * rescale_b + block_sum_b;
+#pragma unroll
+    for (int i = 0; i < kTilesD; ++i) {
+      o[i][0] *= rescale_a;
+      o[i][1] *= rescale_a;
+      o[i][2] *= rescale_b;
+      o[i][3] *= rescale_b;
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < kMmaBlockN / 16; ++kk) {
+      const uint32_t pa[4] = {detail::pack_bf16(s[2 * kk][0], s[2 * kk][1]),
+                              detail::pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                              detail::pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              detail::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < kTilesD / 2; ++dp) {
+        uint32_t b[4];
+        const int key = 16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3);
+        detail::ldmatrix_x4_trans(b, swizzled<kHeadDim>(v_tile, key, 2 * dp + (lane >> 4)));
+        detail::mma_bf16_16816(o[2 * dp], pa, b[0], b[1]);
+        detail::mma_bf16_16816(o[2 * dp + 1], pa, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // the next iteration's loads overwrite the stage read here
+  }
+  detail::cp_async_wait<0>();
+
+  sum_a = detail::quad_sum(sum_a);
+  sum_b = detail::quad_sum(sum_b);
+  const float inverse_a = sum_a > 0.0f ? 1.0f / sum_a : 0.0f;
+  const float inverse_b = sum_b > 0.0f ? 1.0f / sum_b : 0.0f;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = half == 0 ? row_a : row_b;
+    if (row >= p.rows) continue;
+    const float inverse = half == 0 ? inverse_a : inverse_b;
+    if (p.partial_out == nullptr) {
+      bf16* out =
+          p.out + detail::packed_row_offset(row, group, kv_head, p.out_token_stride, kHeadDim);
+#pragma unroll
+      for (int i = 0; i < kTilesD; ++i) {
+        *reinterpret_cast<uint32_t*>(out + 8 * i + 2 * t) =
+            detail::pack_bf16(o[i][2 * half] * inverse, o[i][2 * half + 1] * inverse);
+      }
+    } else {
+      const int token = row / group;
+      const int64_t global_row =
+          static_cast<int64_t>(token) * p.q_heads + kv_head * group + (row - token * group);
+      const int64_t all_rows = static_cast<int64_t>(p.tokens) * p.q_heads;
+      float* out = p.partial_out + (split * all_rows + global_row) * kHeadDim;
+#pragma unroll
+      for (int i = 0; i < kTilesD; ++i) {
+        *reinterpret_cast<float2*>(out + 8 * i + 2 * t) =
+            make_float2(o[i][2 * half] * inverse, o[i][2 * half + 1] * inverse);
+      }
+      if (t == 0) {
+        const float sum = half == 0 ? sum_a : sum_b;
+        const float row_max = half == 0 ? max_a : max_b;
+        p.partial_lse[split * all_rows + global_row] =
+            sum > 0.0f ? row_max + log2f(sum) : -INFINITY;
+      }
+    }
+  }
+}
+
+// One warp per (token, query head): out = sum_s 2^(lse_s - max) * O_s / sum_s 2^(lse_s - max).
+__global__ void merge_splits_kernel(const FlashParams p, int head_dim) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t all_rows = static_cast<int64_t>(p.tokens) * p.q_heads;
+  if (row >= all_rows) return;
+  float best = -INFINITY;
+  for (int s = lane; s < p.splits; s += 32) best = fmaxf(best, p.partial_lse[s * all_rows + row]);
+  for (int offset = 16; offset > 0; offset >>= 1)
+    best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, offset));
+  float total = 0.0f;
+  for (int s = lane; s < p.splits; s += 32)
+    total += exp2f(p.partial_lse[s * all_rows + row] - best);
+  for (int offset = 16; offset > 0; offset >>= 1)
+    total += __shfl_xor_sync(0xffffffffu, total, offset);
+  const float inverse = 1.0f / total;
+  const int64_t token = row / p.q_heads, head = row % p.q_heads;
+  bf16* out = p.out + token * p.out_token_stride + head * head_dim;
+  for (int e = lane; e < head_dim; e += 32) {
+    float value = 0.0f;
+    for (int s = 0; s < p.splits; ++s) {
+      const float lse = p.partial_lse[s * all_rows + row];
+      if (lse == -INFINITY) continue;
+      value += exp2f(lse - best) * p.partial_out[(s * all_rows + row) * head_dim + e];
+    }
+    out[e] = __float2bfloat16(value * inverse);
+  }
+}
+
+template <int kHeadDim, int kWarps>
+void launch_mma(const FlashParams& params, cudaStream_t stream) {
+  using Tile = MmaTile<kHeadDim, kWarps>;
+  static const bool configured = [] {
+    check(cudaFuncSetAttribute(flash_mma_kernel<kHeadDim, kWarps>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes),
+          "cudaFuncSetAttribute(flash_mma_kernel)");
+    return true;
+  }();
+  (void)configured;
+  const int64_t row_blocks =
+      (static_cast<int64_t>(params.rows) + Tile::kBlockM - 1) / Tile::kBlockM;
+  if (row_blocks > 65535)
+    throw Error("attention: too many query rows for one launch (" + std::to_string(params.rows) +
+                ")");
+  const dim3 grid(params.kv_heads, static_cast<unsigned>(row_blocks), params.splits);
+  flash_mma_kernel<kHeadDim, kWarps><<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(params);
+  check_launch("flash_mma_kernel");
+}
+
+FlashParams make_params(const bf16* q, const bf16* key_cache, const bf16* value_cache,
+                        const FlashShape& shape, bf16* out) {
+  if (shape.head_dim != 64 && shape.head_dim != 128) {
+    throw Error("attention: head_dim " + std::to_string(shape.head_dim) +
+                " is not supported (64 or 128)");
+  }
+  if (shape.kv_heads <= 0 || shape.q_heads % shape.kv_heads != 0) {
+    throw Error("attention: " + std::to_string(shape.q_heads) + " query heads cannot share " +
+                std::to_string(shape.kv_heads) + " KV heads");
+  }
+  if (shape.first_position + shape.tokens > shape.cache_stride) {
+    throw Error("attention: positions up to " +
+                std::to_string(shape.first_position + shape.tokens) +
+                " exceed the cache stride of " + std::to_string(shape.cache_stride));
+  }
+  FlashParams p;
+  p.q_token_stride = shape.q_token_stride ? shape.q_token_stride : shape.q_heads * shape.head_dim;
+  p.out_token_stride =
+      shape.out_token_stride ? shape.out_token_stride : shape.q_heads * shape.head_dim;
+  if (p.q_token_stride % 8 != 0 || p.out_token_stride % 2 != 0) {
+    throw Error(
+        "attention: query rows must start on 16-byte boundaries and output rows on 4-byte ones "
+        "(strides " +
+        std::to_string(p.q_token_stride) + " and " + std::to_string(p.out_token_stride) +
+        " elements)");
+  }
+  p.q = q;
+  p.k = key_cache;
+  p.v = value_cache;
+  p.out = out;
+  p.cache_stride = shape.cache_stride;
+  p.tokens = static_cast<int>(shape.tokens);
+  p.q_heads = static_cast<int>(shape.q_heads);
+  p.kv_heads = static_cast<int>(shape.kv_heads);
+  p.group = static_cast<int>(shape.q_heads / shape.kv_heads);
+  p.rows = static_cast<int>(shape.tokens * p.group);
+  p.first_position = static_cast<int>(shape.first_position);
+  const float scale =
+      shape.scale != 0.0f ? shape.scale : 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  p.scale_log2 = scale * 1.4426950408889634f;
+  return p;
+}
+
+}  // namespace
+
+bool wgmma_attention_available() {
+  static const bool available =
+      detail::wgmma_kernel_compiled() && device_count() > 0 && compute_capability() == 90;
+  return available;
+}
+
+void flash_prefill(const bf16* q, const bf16* key_cache, const bf16* value_cache,
+                   const FlashShape& shape, bf16* out, cudaStream_t stream, FlashKernel kernel) {
+  if (shape.tokens == 0) return;
+  const FlashParams params = make_params(q, key_cache, value_cache, shape, out);
+  if (kernel == FlashKernel::kAuto)
+    kernel = wgmma_attention_available() ? FlashKernel::kWgmma : FlashKernel::kMma;
+  if (kernel == FlashKernel::kWgmma) {
+    if (!wgmma_attention_available()) {
+      throw Error("attention: the wgmma kernel needs a Hopper GPU and a build for sm_90a");
+    }
+    detail::launch_wgmma_prefill(params, static_cast<int>(shape.head_dim), stream);
+    return;
+  }
+  if (shape.head_dim == 128) {
+    launch_mma<128, kPrefillWarps>(params, stream);
+  } else {
+    launch_mma<64, kPrefillWarps>(params, stream);
+  }
+}
+
+int flash_decode_splits(const FlashShape& shape, int requested_splits) {
+  const int64_t group = shape.kv_heads > 0 ? shape.q_heads / shape.kv_heads : 1;
+  const int64_t row_blocks = (shape.tokens * group + 16 * kDecodeWarps - 1) / (16 * kDecodeWarps);
+  const int64_t key_blocks = (shape.first_position + shape.tokens + kMmaBlockN - 1) / kMmaBlockN;
+  int64_t splits = requested_splits;
+  if (splits <= 0) {
+    // Enough blocks for four per multiprocessor, each split keeping at least four key tiles.
+    static const int multiprocessors = device_count() > 0 ? multiprocessor_count() : 132;
+    const int64_t base = std::max<int64_t>(1, shape.kv_heads * row_blocks);
+    splits = (4 * multiprocessors + base - 1) / base;
+    splits = std::min<int64_t>(splits, std::max<int64_t>(1, key_blocks / 4));
+  }
+  splits =
+      std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, std::min<int64_t>(key_blocks, 65535)));
+  return static_cast<int>(splits);
+}
+
+size_t flash_decode_workspace_floats(const FlashShape& shape, int splits) {
+  if (splits <= 1) return 0;
+  const size_t rows = static_cast<size_t>(shape.tokens) * shape.q_heads;
+  return static_cast<size_t>(splits) * rows * (shape.head_dim + 1);
+}
+
+void flash_decode(const bf16* q, const bf16* key_cache, const bf16* value_cache,
+                  const FlashShape& shape, bf16* out, float* workspace, size_t workspace_floats,
+                  cudaStream_t stream, int splits) {
+  if (shape.tokens == 0) return;
+  FlashParams params = make_params(q, key_cache, value_cache, shape, out);
+  splits = flash_decode_splits(shape, splits);
+  if (splits > 1) {
+    const size_t needed = flash_decode_workspace_floats(shape, splits);
+    if (workspace == nullptr || workspace_floats < needed) {
+      throw Error("attention: split-KV decoding needs a workspace of " + std::to_string(needed) +
+                  " floats, got " + std::to_string(workspace_floats));
+    }
+    params.splits = splits;
+    params.partial_out = workspace;
+    params.partial_lse =
+        workspace + static_cast<size_t>(splits) * shape.tokens * shape.q_heads * shape.head_dim;
+  }
+  if (shape.head_dim == 128) {
+    launch_mma<128, kDecodeWarps>(params, stream);
+  } else {
+    launch_mma<64, kDecodeWarps>(params, stream);
+  }
+  if (splits > 1) {
+    const int64_t rows = shape.tokens * shape.q_heads;
+    const int threads = 128;
+    merge_splits_kernel<<<static_cast<unsigned>((rows * 32 + threads - 1) / threads), threads, 0,
+                          stream>>>(params, static_cast<int>(shape.head_dim));
+    check_launch("merge_splits_kernel");
+  }
+}
+
+}  // namespace entropyinfer::cuda

@@ -1,0 +1,62 @@
+// In-house attention kernels over a head-major bf16 KV cache, the CUDA counterpart of
+// cpu::causal_attention (same shapes and meaning, window excepted):
+//   q:   bf16 queries of `tokens` new tokens at positions first_position.., query head h of token t
+//   at
+//        q + t * q_token_stride + h * head_dim
+//   key_cache / value_cache: bf16, per KV head a [cache_stride, head_dim] slab; rows 0 ..
+//        first_position + tokens - 1 must be filled
+//   out: bf16, head h of token t at out + t * out_token_stride + h * head_dim
+// Query t sees keys 0 .. first_position + t. Softmax in fp32 with the log2 trick, fp32
+// accumulation, the score matrix is never materialised. The query heads that share a KV head are
+// packed into the rows of one tile (row r = token r / group, head r % group), so every K/V tile
+// read serves the whole group.
+//
+// Kernels:
+//   kMma:   FlashAttention-2 style, mma.sync m16n8k16 tensor-core instructions (sm_80 and later),
+//           4 warps x 16 rows, K/V tiles of 64 keys double-buffered with cp.async.
+//   kWgmma: Hopper (sm_90a): two consumer warpgroups of 64 rows issue wgmma on 128-key tiles that a
+//           producer warp streams into 128-byte-swizzled shared memory (cp.async, named barriers).
+// Decode: split-KV flash-decoding; each split writes fp32 partial outputs and their log-sum-exp,
+// and a second kernel merges the splits.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/cuda_common.h"
+
+namespace entropyinfer::cuda {
+
+struct FlashShape {
+  int64_t tokens = 0;
+  int64_t q_heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;  // 64 or 128
+  int64_t first_position = 0;
+  int64_t cache_stride = 0;
+  int64_t q_token_stride = 0;    // 0 means q_heads * head_dim
+  int64_t out_token_stride = 0;  // 0 means q_heads * head_dim
+  float scale = 0.0f;            // 0 means 1 / sqrt(head_dim)
+};
+
+enum class FlashKernel { kAuto, kMma, kWgmma };
+
+// True when the library holds the sm_90a kernel and the current device can run it.
+bool wgmma_attention_available();
+
+// Causal attention of `tokens` queries (a whole prompt, or one chunk of it after first_position
+// cached tokens). kAuto picks kWgmma where available. Throws Error on unsupported shapes (head_dim
+// not 64 or 128, q_heads not a multiple of kv_heads) or when kWgmma is asked for and unavailable.
+void flash_prefill(const bf16* q, const bf16* key_cache, const bf16* value_cache,
+                   const FlashShape& shape, bf16* out, cudaStream_t stream,
+                   FlashKernel kernel = FlashKernel::kAuto);
+
+// Split-KV decoding for few queries (one new token per sequence, or a handful) over a long cache.
+// splits 0 picks a count that fills the GPU. The workspace holds the partial results: at least
+// flash_decode_workspace_floats(shape, splits) floats (zero when splits resolves to 1).
+int flash_decode_splits(const FlashShape& shape, int requested_splits = 0);
+size_t flash_decode_workspace_floats(const FlashShape& shape, int splits);
+void flash_decode(const bf16* q, const bf16* key_cache, const bf16* value_cache,
+                  const FlashShape& shape, bf16* out, float* workspace, size_t workspace_floats,
+                  cudaStream_t stream, int splits = 0);
+
+}  // namespace entropyinfer::cuda

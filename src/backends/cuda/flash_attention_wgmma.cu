@@ -1,0 +1,371 @@
+// Hopper (sm_90a) causal prefill: FlashAttention with wgmma. One CTA computes 128 packed query rows
+// of one KV head: two consumer warpgroups own 64 rows each and a producer warp streams 128-key K
+// and V tiles through a ring of shared-memory stages. Tiles sit in the 128-byte-swizzled layout the
+// wgmma descriptors name: S = Q K^T reads both operands from shared memory (K-major); O += P V
+// takes P from registers (the accumulator layout of S converts to the A-operand layout in place)
+// and V N-major from shared memory. Named barriers hand stages between producer and consumers
+// ("full" and "empty" per stage), so the two warpgroups drift apart and one's softmax overlaps the
+// other's matrix products.
+#include <string>
+
+#include "backends/cuda/flash_attention_internal.cuh"
+
+namespace entropyinfer::cuda::detail {
+namespace {
+
+constexpr int kBlockM = 128;  // query rows per CTA: two warpgroups of 64
+constexpr int kBlockN = 128;  // keys per tile
+constexpr int kConsumerThreads = 256;
+constexpr int kThreads = kConsumerThreads + 32;  // + one producer warp
+constexpr int kStages = 3;
+
+template <int kHeadDim>
+struct WgmmaLayout {
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kTileBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kStageBytes = 2 * kTileBytes;  // K tile, then V tile
+  static constexpr int kSharedBytes =
+      kQBytes + kStages * kStageBytes + 1024;  // + room to align to 1024
+  // Named barrier ids (0 is __syncthreads').
+  static constexpr int kFullBarrier = 1;             // + stage: the producer filled it
+  static constexpr int kEmptyBarrier = 1 + kStages;  // + stage: both warpgroups are done with it
+  static constexpr int kQueryBarrier = 1 + 2 * kStages;  // + warpgroup: its Q rows are in place
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of `rows` rows: head_dim / 64 column
+// blocks of [rows][128 bytes], chunk index XOR (row mod 8) inside each 1024-byte group of 8 rows.
+__device__ __forceinline__ uint32_t sw128_offset(int row, int chunk, int rows) {
+  return (chunk >> 3) * rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+// wgmma shared-memory matrix descriptor with the 128-byte swizzle.
+__device__ __forceinline__ uint64_t sw128_descriptor(uint32_t address, uint32_t leading_bytes,
+                                                     uint32_t stride_bytes) {
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
+         (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Makes this thread's ordinary shared-memory writes (cp.async included) visible to the tensor
+// cores.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+
+// Keeps the compiler from moving reads or writes of accumulator registers across the asynchronous
+// matrix instructions that own them until the wait.
+template <int kCount>
+__device__ __forceinline__ void fence_registers(float (&registers)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(registers[i])::"memory");
+}
+
+// D (64 x 128, fp32) = (scale_d ? D : 0) + A * B; A and B K-major bf16 in shared memory.
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a, uint64_t b,
+                                                    int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+
+// D (64 x 128, fp32) += A * B; A bf16 in registers (per warp the m16n8k16 A layout), B N-major
+// (transposed) bf16 in shared memory.
+__device__ __forceinline__ void wgmma_m64n128k16_rs_tb(float (&d)[64], const uint32_t (&a)[4],
+                                                       uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+// D (64 x 64, fp32) += A * B; A bf16 in registers (per warp the m16n8k16 A layout), B N-major
+// (transposed) bf16 in shared memory.
+__device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float (&d)[32], const uint32_t (&a)[4],
+                                                      uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Layout = WgmmaLayout<kHeadDim>;
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kTilesN = kBlockN / 8;   // 8-key column tiles of S
+  constexpr int kTilesD = kHeadDim / 8;  // 8-wide column tiles of O
+  extern __shared__ __align__(1024) uint8_t shared_raw[];
+  const uint32_t q_tile = (shared_address(shared_raw) + 1023u) & ~1023u;
+  const uint32_t stage_tiles = q_tile + Layout::kQBytes;
+
+  const int kv_head = blockIdx.x;
+  const int row0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;  // latest (longest) rows first
+  const int group = p.group;
+  const int last_row = min(row0 + kBlockM, p.rows) - 1;
+  const int min_position = p.first_position + row0 / group;
+  const int max_position = p.first_position + last_row / group;
+  const int blocks = (max_position + kBlockN) / kBlockN;
+
+  if (threadIdx.x >= kConsumerThreads) {
+    // Producer warp: fill stage after stage once both warpgroups have released it.
+    const int lane = threadIdx.x % 32;
+    const bf16* k_head = p.k + static_cast<int64_t>(kv_head) * p.cache_stride * kHeadDim;
+    const bf16* v_head = p.v + static_cast<int64_t>(kv_head) * p.cache_stride * kHeadDim;
+    for (int block = 0; block < blocks; ++block) {
+      const int stage = block % kStages;
+      if (block >= kStages) named_barrier_sync(Layout::kEmptyBarrier + stage, kThreads);
+      const uint32_t k_tile = stage_tiles + stage * Layout::kStageBytes;
+      const uint32_t v_tile = k_tile + Layout::kTileBytes;
+      for (int index = lane; index < kBlockN * kChunks; index += 32) {
+        const int r = index / kChunks, c = index % kChunks;
+        const int key = block * kBlockN + r;
+        const bool valid = key <= max_position;  // later keys are masked; zeros keep 0 * V finite
+        const int64_t offset = static_cast<int64_t>(valid ? key : 0) * kHeadDim + c * 8;
+        cp_async_16(k_tile + sw128_offset(r, c, kBlockN), k_head + offset, valid ? 16 : 0);
+        cp_async_16(v_tile + sw128_offset(r, c, kBlockN), v_head + offset, valid ? 16 : 0);
+      }
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_proxy_async();
+      named_barrier_arrive(Layout::kFullBarrier + stage, kThreads);
+    }
+    return;
+  }
+
+  const int warpgroup = threadIdx.x / 128;
+  const int thread_in_group = threadIdx.x % 128;
+  const int warp_in_group = thread_in_group / 32;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+
+  for (int index = thread_in_group; index < 64 * kChunks; index += 128) {
+    const int r = warpgroup * 64 + index / kChunks, c = index % kChunks;
+    const int row = row0 + r;
+    const bool valid = row < p.rows;
+    const bf16* source =
+        valid ? p.q + packed_row_offset(row, group, kv_head, p.q_token_stride, kHeadDim) + c * 8
+              : p.q;
+    cp_async_16(q_tile + sw128_offset(r, c, kBlockM), source, valid ? 16 : 0);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  named_barrier_sync(Layout::kQueryBarrier + warpgroup, 128);
+
+  const int row_a = row0 + warpgroup * 64 + warp_in_group * 16 + g, row_b = row_a + 8;
+  const int position_a = p.first_position + row_a / group;
+  const int position_b = p.first_position + row_b / group;
+  const uint32_t q_rows = q_tile + warpgroup * 64 * 128;
+
+  float o[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+  float s[kBlockN / 2];
+  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
+
+  for (int block = 0; block < blocks; ++block) {
+    const int stage = block % kStages;
+    const uint32_t k_tile = stage_tiles + stage * Layout::kStageBytes;
+    const uint32_t v_tile = k_tile + Layout::kTileBytes;
+    named_barrier_sync(Layout::kFullBarrier + stage, kThreads);
+
+    fence_registers(s);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t offset = (kk & 3) * 32;  // 16-element K slices inside a 128-byte row
+      const uint64_t a = sw128_descriptor(q_rows + (kk >> 2) * kBlockM * 128 + offset, 16, 1024);
+      const uint64_t b = sw128_descriptor(k_tile + (kk >> 2) * kBlockN * 128 + offset, 16, 1024);
+      wgmma_m64n128k16_ss(s, a, b, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_registers(s);
+
+    if ((block + 1) * kBlockN - 1 > min_position) {  // some key lies past some row's position
+#pragma unroll
+      for (int j = 0; j < kTilesN; ++j) {
+        const int key = block * kBlockN + 8 * j + 2 * t;
+        if (key > position_a) s[4 * j] = -INFINITY;
+        if (key + 1 > position_a) s[4 * j + 1] = -INFINITY;
+        if (key > position_b) s[4 * j + 2] = -INFINITY;
+        if (key + 1 > position_b) s[4 * j + 3] = -INFINITY;
+      }
+    }
+    float block_max_a = -INFINITY, block_max_b = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+      block_max_a = fmaxf(block_max_a, fmaxf(s[4 * j], s[4 * j + 1]));
+      block_max_b = fmaxf(block_max_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    }
+    const float new_max_a = fmaxf(max_a, quad_max(block_max_a) * p.scale_log2);
+    const float new_max_b = fmaxf(max_b, quad_max(block_max_b) * p.scale_log2);
+    const float reference_a = new_max_a == -INFINITY ? 0.0f : new_max_a;
+    const float reference_b = new_max_b == -INFINITY ? 0.0f : new_max_b;
+    const float rescale_a = fast_exp2(max_a - reference_a);
+    const float rescale_b = fast_exp2(max_b - reference_b);
+    max_a = new_max_a;
+    max_b = new_max_b;
+    float block_sum_a = 0.0f, block_sum_b = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+      s[4 * j] = fast_exp2(fmaf(s[4 * j], p.scale_log2, -reference_a));
+      s[4 * j + 1] = fast_exp2(fmaf(s[4 * j + 1], p.scale_log2, -reference_a));
+      s[4 * j + 2] = fast_exp2(fmaf(s[4 * j + 2], p.scale_log2, -reference_b));
+      s[4 * j + 3] = fast_exp2(fmaf(s[4 * j + 3], p.scale_log2, -reference_b));
+      block_sum_a += s[4 * j] + s[4 * j + 1];
+      block_sum_b += s[4 * j + 2] + s[4 * j + 3];
+    }
+    sum_a = sum_a * rescale_a + block_sum_a;
+    sum_b = sum_b * rescale_b + block_sum_b;
+#pragma unroll
+    for (int i = 0; i < kTilesD; ++i) {
+      o[4 * i] *= rescale_a;
+      o[4 * i + 1] *= rescale_a;
+      o[4 * i + 2] *= rescale_b;
+      o[4 * i + 3] *= rescale_b;
+    }
+    uint32_t pa[kBlockN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      pa[kk][0] = pack_bf16(s[8 * kk], s[8 * kk + 1]);
+      pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+
+    fence_registers(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      // Keys 16kk.. of V: 8-key groups 1024 bytes apart, 64-column blocks kBlockN * 128 bytes
+      // apart.
+      const uint64_t b = sw128_descriptor(v_tile + kk * 16 * 128, kBlockN * 128, 1024);
+      if constexpr (kHeadDim == 128) {
+        wgmma_m64n128k16_rs_tb(o, pa[kk], b);
+      } else {
+        wgmma_m64n64k16_rs_tb(o, pa[kk], b);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_registers(o);
+    if (block + kStages < blocks) named_barrier_arrive(Layout::kEmptyBarrier + stage, kThreads);
+  }
+
+  sum_a = quad_sum(sum_a);
+  sum_b = quad_sum(sum_b);
+  const float inverse_a = sum_a > 0.0f ? 1.0f / sum_a : 0.0f;
+  const float inverse_b = sum_b > 0.0f ? 1.0f / sum_b : 0.0f;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = half == 0 ? row_a : row_b;
+    if (row >= p.rows) continue;
+    const float inverse = half == 0 ? inverse_a : inverse_b;
+    bf16* out = p.out + packed_row_offset(row, group, kv_head, p.out_token_stride, kHeadDim);
+#pragma unroll
+    for (int i = 0; i < kTilesD; ++i) {
+      *reinterpret_cast<uint32_t*>(out + 8 * i + 2 * t) =
+          pack_bf16(o[4 * i + 2 * half] * inverse, o[4 * i + 2 * half + 1] * inverse);
+    }
+  }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+template <int kHeadDim>
+void launch(const FlashParams& params, cudaStream_t stream) {
+  using Layout = WgmmaLayout<kHeadDim>;
+  static const bool configured = [] {
+    check(cudaFuncSetAttribute(flash_wgmma_kernel<kHeadDim>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kSharedBytes),
+          "cudaFuncSetAttribute(flash_wgmma_kernel)");
+    return true;
+  }();
+  (void)configured;
+  const int64_t row_blocks = (static_cast<int64_t>(params.rows) + kBlockM - 1) / kBlockM;
+  if (row_blocks > 65535) {
+    throw Error("attention: too many query rows for one launch (" + std::to_string(params.rows) +
+                ")");
+  }
+  const dim3 grid(params.kv_heads, static_cast<unsigned>(row_blocks));
+  flash_wgmma_kernel<kHeadDim><<<grid, kThreads, Layout::kSharedBytes, stream>>>(params);
+  check_launch("flash_wgmma_kernel");
+}
+
+}  // namespace
+
+bool wgmma_kernel_compiled() {
+#if defined(ENTROPYINFER_HAS_SM90A)
+  return true;
+#else
+  return false;
+#endif
+}
+
+void launch_wgmma_prefill(const FlashParams& params, int head_dim, cudaStream_t stream) {
+  if (head_dim == 128) {
+    launch<128>(params, stream);
+  } else {
+    launch<64>(params, stream);
+  }
+}
+
+}  // namespace entropyinfer::cuda::detail

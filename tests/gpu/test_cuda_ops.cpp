@@ -1,0 +1,274 @@
+// Every CUDA op against the CPU reference op (backends/cpu/cpu_ops.h) on random inputs rounded to
+// bf16, with awkward sizes. Tolerances: results stored as bf16 may differ by the bf16 rounding of
+// the output (relative 2^-8) plus fp32 accumulation-order noise; fp32 results by accumulation order
+// only.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <tuple>
+
+#include "backends/cpu/cpu_ops.h"
+#include "backends/cuda/cuda_ops.h"
+#include "gpu/gpu_test_support.h"
+
+namespace entropyinfer {
+namespace {
+
+using gpu_test::compare;
+using gpu_test::download_bf16;
+using gpu_test::download_floats;
+using gpu_test::random_bf16_values;
+using gpu_test::upload_bf16;
+using gpu_test::upload_floats;
+using gpu_test::worst_excess;
+
+constexpr double kBf16Relative =
+    1.0 / 128;  // one bf16 ulp relative: output rounding plus order noise
+
+TEST(CudaOps, LinearBf16OutputMatchesCpuProduct) {
+  ENTROPYINFER_REQUIRE_GPU();
+  cuda::Blas blas;
+  for (auto [tokens, in, out] :
+       {std::tuple{1, 64, 8}, {7, 200, 96}, {64, 4096, 1000}, {300, 512, 1536}}) {
+    const auto x = random_bf16_values(static_cast<size_t>(tokens) * in, 1, 1.0f);
+    const auto w = random_bf16_values(static_cast<size_t>(out) * in, 2, 1.0f / std::sqrt(in));
+    std::vector<float> expected(static_cast<size_t>(tokens) * out);
+    cpu::linear(x.data(), tokens, in, w.data(), nullptr, out, expected.data());
+    auto x_gpu = upload_bf16(x), w_gpu = upload_bf16(w);
+    cuda::DeviceBuffer<cuda::bf16> y_gpu(expected.size());
+    gpu_test::poison(y_gpu);
+    blas.linear(x_gpu.data(), tokens, in, w_gpu.data(), out, y_gpu.data());
+    const auto actual = download_bf16(y_gpu);
+    EXPECT_LE(worst_excess(actual, expected, kBf16Relative), 1e-3)
+        << tokens << "x" << in << "x" << out;
+    EXPECT_LE(compare(actual, expected).relative_l2, 4e-3) << tokens << "x" << in << "x" << out;
+  }
+}
+
+TEST(CudaOps, LinearFp32OutputAccumulatesIntoStridedRows) {
+  ENTROPYINFER_REQUIRE_GPU();
+  cuda::Blas blas;
+  const int tokens = 37, in = 1024, out = 320, stride = 352;
+  const auto x = random_bf16_values(static_cast<size_t>(tokens) * in, 3);
+  const auto w = random_bf16_values(static_cast<size_t>(out) * in, 4, 1.0f / 32);
+  const auto initial = gpu_test::random_floats(static_cast<size_t>(tokens) * stride, 5);
+  std::vector<float> product(static_cast<size_t>(tokens) * out);
+  cpu::linear(x.data(), tokens, in, w.data(), nullptr, out, product.data());
+  std::vector<float> expected = initial;
+  for (int t = 0; t < tokens; ++t) {
+    for (int o = 0; o < out; ++o) expected[t * stride + o] += product[t * out + o];
+  }
+  auto x_gpu = upload_bf16(x), w_gpu = upload_bf16(w);
+  auto y_gpu = upload_floats(initial);
+  blas.linear(x_gpu.data(), tokens, in, w_gpu.data(), out, y_gpu.data(), /*accumulate=*/true,
+              stride);
+  const auto actual = download_floats(y_gpu);
+  // fp32 accumulation of 1024 products of size ~1/32: order noise far below 1e-4.
+  EXPECT_LE(worst_excess(actual, expected, 1e-5), 1e-4);
+  // Columns past `out` in each row are untouched.
+  for (int t = 0; t < tokens; ++t) {
+    for (int o = out; o < stride; ++o) ASSERT_EQ(actual[t * stride + o], initial[t * stride + o]);
+  }
+
+  // Without accumulate the old values are replaced.
+  blas.linear(x_gpu.data(), tokens, in, w_gpu.data(), out, y_gpu.data(), false, stride);
+  const auto replaced = download_floats(y_gpu);
+  double worst = 0;
+  for (int t = 0; t < tokens; ++t) {
+    for (int o = 0; o < out; ++o) {
+      worst = std::max<double>(worst, std::fabs(replaced[t * stride + o] - product[t * out + o]));
+    }
+  }
+  EXPECT_LE(worst, 1e-4);
+}
+
+TEST(CudaOps, RmsNormMatchesCpu) {
+  ENTROPYINFER_REQUIRE_GPU();
+  for (auto [rows, size] : {std::pair{1, 4096}, {5, 768}, {33, 100}, {3, 5120}}) {
+    const auto x = random_bf16_values(static_cast<size_t>(rows) * size, 6, 3.0f);
+    const auto weight = gpu_test::random_floats(size, 7, 2.0f);
+    std::vector<float> expected(x.size());
+    cpu::rms_norm(x.data(), weight.data(), rows, size, 1e-5f, expected.data());
+    auto x_fp32 = upload_floats(x), weight_gpu = upload_floats(weight);
+    auto x_bf16 = upload_bf16(x);
+    cuda::DeviceBuffer<cuda::bf16> out(x.size());
+    gpu_test::poison(out);
+    cuda::rms_norm(x_fp32.data(), weight_gpu.data(), rows, size, 1e-5f, out.data(), nullptr);
+    EXPECT_LE(worst_excess(download_bf16(out), expected, kBf16Relative), 1e-5)
+        << rows << "x" << size;
+    gpu_test::poison(out);
+    cuda::rms_norm(x_bf16.data(), weight_gpu.data(), rows, size, 1e-5f, out.data(), nullptr);
+    EXPECT_LE(worst_excess(download_bf16(out), expected, kBf16Relative), 1e-5)
+        << rows << "x" << size;
+  }
+}
+
+TEST(CudaOps, HeadRmsNormNormalisesEachHeadInsideWiderRows) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const int tokens = 9, heads = 5, head_dim = 128, stride = heads * head_dim + 256;
+  const auto x = random_bf16_values(static_cast<size_t>(tokens) * stride, 8, 2.0f);
+  const auto weight = gpu_test::random_floats(head_dim, 9, 1.5f);
+  std::vector<float> expected = x;
+  for (int t = 0; t < tokens; ++t) {
+    cpu::rms_norm(x.data() + t * stride, weight.data(), heads, head_dim, 1e-6f,
+                  expected.data() + t * stride);
+  }
+  auto x_gpu = upload_bf16(x);
+  auto weight_gpu = upload_floats(weight);
+  cuda::head_rms_norm(x_gpu.data(), tokens, heads, head_dim, stride, weight_gpu.data(), 1e-6f,
+                      nullptr);
+  EXPECT_LE(worst_excess(download_bf16(x_gpu), expected, kBf16Relative), 1e-5);
+}
+
+TEST(CudaOps, RopeMatchesCpuForHalvesPairsAndPartialRotation) {
+  ENTROPYINFER_REQUIRE_GPU();
+  for (auto [adjacent, rotary_dim] :
+       {std::pair{false, 128}, {true, 128}, {false, 64}, {true, 32}}) {
+    const int tokens = 11, heads = 6, head_dim = 128, stride = heads * head_dim + 512;
+    const int half = rotary_dim / 2;
+    const auto x = random_bf16_values(static_cast<size_t>(tokens) * stride, 10);
+    const auto angles = gpu_test::random_floats(static_cast<size_t>(tokens) * half, 11, 3.14159f);
+    std::vector<float> cos(angles.size()), sin(angles.size());
+    for (size_t i = 0; i < angles.size(); ++i) {
+      cos[i] = std::cos(angles[i]);
+      sin[i] = std::sin(angles[i]);
+    }
+    // The CPU op takes contiguous [tokens, heads, head_dim]; rotate a packed copy of each row.
+    std::vector<float> packed(static_cast<size_t>(tokens) * heads * head_dim);
+    for (int t = 0; t < tokens; ++t) {
+      std::copy_n(x.begin() + t * stride, heads * head_dim, packed.begin() + t * heads * head_dim);
+    }
+    cpu::apply_rope(packed.data(), tokens, heads, head_dim, cos.data(), sin.data(), rotary_dim,
+                    adjacent);
+    std::vector<float> expected = x;
+    for (int t = 0; t < tokens; ++t) {
+      std::copy_n(packed.begin() + t * heads * head_dim, heads * head_dim,
+                  expected.begin() + t * stride);
+    }
+    auto x_gpu = upload_bf16(x);
+    auto cos_gpu = upload_floats(cos), sin_gpu = upload_floats(sin);
+    cuda::apply_rope(x_gpu.data(), tokens, heads, head_dim, stride, cos_gpu.data(), sin_gpu.data(),
+                     rotary_dim, adjacent, nullptr);
+    EXPECT_LE(worst_excess(download_bf16(x_gpu), expected, kBf16Relative), 1e-5)
+        << (adjacent ? "adjacent pairs" : "halves") << ", rotary_dim " << rotary_dim;
+  }
+}
+
+TEST(CudaOps, SwigluReadsFusedGateUpRows) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const int rows = 13, width = 1000;
+  const auto fused = random_bf16_values(static_cast<size_t>(rows) * 2 * width, 12, 3.0f);
+  std::vector<float> gate(static_cast<size_t>(rows) * width), up(gate.size());
+  for (int r = 0; r < rows; ++r) {
+    std::copy_n(fused.begin() + r * 2 * width, width, gate.begin() + r * width);
+    std::copy_n(fused.begin() + r * 2 * width + width, width, up.begin() + r * width);
+  }
+  cpu::swiglu_inplace(gate.data(), up.data(), static_cast<int64_t>(gate.size()));
+  auto fused_gpu = upload_bf16(fused);
+  cuda::DeviceBuffer<cuda::bf16> out(gate.size());
+  gpu_test::poison(out);
+  cuda::swiglu(fused_gpu.data(), fused_gpu.data() + width, rows, width, 2 * width, out.data(),
+               nullptr);
+  EXPECT_LE(worst_excess(download_bf16(out), gate, kBf16Relative), 1e-5);
+}
+
+TEST(CudaOps, AddBiasAddAndConversions) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const auto x = gpu_test::random_floats(10007, 13);
+  const auto y = gpu_test::random_floats(10007, 14);
+  std::vector<float> expected = x;
+  cpu::add_inplace(expected.data(), y.data(), static_cast<int64_t>(x.size()));
+  auto x_gpu = upload_floats(x), y_gpu = upload_floats(y);
+  cuda::add_inplace(x_gpu.data(), y_gpu.data(), static_cast<int64_t>(x.size()), nullptr);
+  EXPECT_EQ(download_floats(x_gpu), expected);  // one fp32 add per element: bit-exact
+
+  const int rows = 7, width = 33, stride = 40;
+  const auto values = random_bf16_values(static_cast<size_t>(rows) * stride, 15);
+  const auto bias = gpu_test::random_floats(width, 16);
+  auto values_gpu = upload_bf16(values);
+  auto bias_gpu = upload_floats(bias);
+  cuda::add_bias(values_gpu.data(), bias_gpu.data(), rows, width, stride, nullptr);
+  const auto biased = download_bf16(values_gpu);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < stride; ++c) {
+      const float want = c < width ? values[r * stride + c] + bias[c] : values[r * stride + c];
+      ASSERT_NEAR(biased[r * stride + c], want, std::fabs(want) * kBf16Relative + 1e-6)
+          << r << "," << c;
+    }
+  }
+
+  // fp32 -> bf16 rounds to nearest even as core/half.h does; bf16 -> fp32 is exact.
+  const auto wide = gpu_test::random_floats(4099, 17, 100.0f);
+  auto wide_gpu = upload_floats(wide);
+  cuda::DeviceBuffer<cuda::bf16> narrow(wide.size());
+  cuda::to_bf16(wide_gpu.data(), static_cast<int64_t>(wide.size()), narrow.data(), nullptr);
+  cuda::DeviceBuffer<float> back(wide.size());
+  cuda::to_float(narrow.data(), static_cast<int64_t>(wide.size()), back.data(), nullptr);
+  const auto round_trip = download_floats(back);
+  for (size_t i = 0; i < wide.size(); ++i)
+    ASSERT_EQ(round_trip[i], bf16_to_f32(f32_to_bf16(wide[i]))) << i;
+}
+
+TEST(CudaOps, EmbeddingAppendKvAndArgmax) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const int vocab = 50, hidden = 72;
+  const auto table = random_bf16_values(static_cast<size_t>(vocab) * hidden, 18);
+  const std::vector<int32_t> ids = {3, 49, 0, 3, 17};
+  auto table_gpu = upload_bf16(table);
+  cuda::DeviceBuffer<int32_t> ids_gpu(ids.size());
+  ids_gpu.upload(ids.data(), ids.size());
+  cuda::DeviceBuffer<float> rows(ids.size() * hidden);
+  cuda::embedding(table_gpu.data(), ids_gpu.data(), static_cast<int64_t>(ids.size()), hidden,
+                  rows.data(), nullptr);
+  const auto gathered = download_floats(rows);
+  for (size_t t = 0; t < ids.size(); ++t) {
+    for (int i = 0; i < hidden; ++i)
+      ASSERT_EQ(gathered[t * hidden + i], table[ids[t] * hidden + i]);
+  }
+
+  // Keys/values of 3 tokens ([t][kv_heads][head_dim] rows inside wider fused rows) land at
+  // rows 5..7.
+  const int tokens = 3, kv_heads = 2, head_dim = 64, token_stride = 400, cache_stride = 16,
+            first = 5;
+  const auto fused = random_bf16_values(static_cast<size_t>(tokens) * token_stride, 19);
+  auto fused_gpu = upload_bf16(fused);
+  auto key_cache = upload_bf16(
+      std::vector<float>(static_cast<size_t>(kv_heads) * cache_stride * head_dim, 0.5f));
+  auto value_cache = upload_bf16(std::vector<float>(key_cache.size(), 0.25f));
+  cuda::append_kv(fused_gpu.data(), fused_gpu.data() + 200, tokens, token_stride, kv_heads,
+                  head_dim, key_cache.data(), value_cache.data(), cache_stride, first, nullptr);
+  const auto keys = download_bf16(key_cache), values = download_bf16(value_cache);
+  for (int h = 0; h < kv_heads; ++h) {
+    for (int row = 0; row < cache_stride; ++row) {
+      for (int i = 0; i < head_dim; ++i) {
+        const size_t slot = (static_cast<size_t>(h) * cache_stride + row) * head_dim + i;
+        const bool written = row >= first && row < first + tokens;
+        const size_t source = static_cast<size_t>(row - first) * token_stride + h * head_dim + i;
+        ASSERT_EQ(keys[slot], written ? fused[source] : 0.5f) << h << "," << row << "," << i;
+        ASSERT_EQ(values[slot], written ? fused[source + 200] : 0.25f)
+            << h << "," << row << "," << i;
+      }
+    }
+  }
+
+  // Argmax: the first of equal maxima wins, as with std::max_element.
+  const int argmax_rows = 4, count = 128256;
+  auto logits = gpu_test::random_floats(static_cast<size_t>(argmax_rows) * count, 20, 10.0f);
+  logits[0 * count + 77] = 50.0f;
+  logits[0 * count + 90000] = 50.0f;
+  logits[1 * count + count - 1] = 60.0f;
+  logits[2 * count + 0] = 70.0f;
+  auto logits_gpu = upload_floats(logits);
+  cuda::DeviceBuffer<int32_t> best(argmax_rows);
+  cuda::argmax_rows(logits_gpu.data(), argmax_rows, count, best.data(), nullptr);
+  std::vector<int32_t> found(argmax_rows);
+  best.download(found.data(), found.size());
+  for (int r = 0; r < argmax_rows; ++r) {
+    const auto row = logits.begin() + static_cast<int64_t>(r) * count;
+    EXPECT_EQ(found[r], std::max_element(row, row + count) - row) << "row " << r;
+  }
+  EXPECT_EQ(found[0], 77);
+}
+
+}  // namespace
+}  // namespace entropyinfer
