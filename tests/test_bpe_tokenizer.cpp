@@ -1,8 +1,9 @@
 // Byte-level BPE: the pre-tokenizer matchers, NFC, tokenizer.json and tiktoken loading, llama.cpp's
 // reference vectors, and id-for-id agreement of the two file forms of Llama 3 and Qwen3.
 //
-// The real tokenizer.json files come from scripts/fetch_tokenizers.sh (into <repo>/.cache/tokenizers,
-// or $ENTROPYINFER_TOKENIZERS_DIR); tests that need them skip with a message when they are absent.
+// The real tokenizer.json files come from scripts/fetch_tokenizers.sh (into
+// <repo>/.cache/tokenizers, or $ENTROPYINFER_TOKENIZERS_DIR); tests that need them skip with a
+// message when they are absent.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -10,9 +11,9 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,23 +34,25 @@ using ::entropyinfer::testing::read_file_bytes;
 
 std::string tokenizers_cache_dir() {
   if (const char* dir = std::getenv("ENTROPYINFER_TOKENIZERS_DIR")) return dir;
-  return (fs::path(fixtures_dir()) / ".." / ".." / ".cache" / "tokenizers").lexically_normal().string();
+  return (fs::path(fixtures_dir()) / ".." / ".." / ".cache" / "tokenizers")
+      .lexically_normal()
+      .string();
 }
 
 std::string cached_tokenizer_json(const std::string& name) {
   return tokenizers_cache_dir() + "/" + name + "/tokenizer.json";
 }
 
-#define REQUIRE_TOKENIZER_JSON(name)                                                              \
-  do {                                                                                            \
-    if (!fs::exists(cached_tokenizer_json(name))) {                                               \
-      GTEST_SKIP() << "missing " << cached_tokenizer_json(name)                                   \
-                   << " (run scripts/fetch_tokenizers.sh, or set ENTROPYINFER_TOKENIZERS_DIR)";   \
-    }                                                                                             \
+#define REQUIRE_TOKENIZER_JSON(name)                                                            \
+  do {                                                                                          \
+    if (!fs::exists(cached_tokenizer_json(name))) {                                             \
+      GTEST_SKIP() << "missing " << cached_tokenizer_json(name)                                 \
+                   << " (run scripts/fetch_tokenizers.sh, or set ENTROPYINFER_TOKENIZERS_DIR)"; \
+    }                                                                                           \
   } while (0)
 
-// Loading a 10 MB tokenizer.json takes a while (much longer under sanitizers): each real tokenizer is
-// loaded once per test process.
+// Loading a 10 MB tokenizer.json takes a while (much longer under sanitizers): each real tokenizer
+// is loaded once per test process.
 const Tokenizer& shared_tokenizer(const std::string& key) {
   static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
   auto it = loaded.find(key);
@@ -57,8 +60,10 @@ const Tokenizer& shared_tokenizer(const std::string& key) {
   std::unique_ptr<Tokenizer> tokenizer;
   if (key == "llama3-json") tokenizer = load_tokenizer(tokenizers_cache_dir() + "/llama3");
   if (key == "qwen3-json") tokenizer = load_tokenizer(tokenizers_cache_dir() + "/qwen3");
-  if (key == "llama3-tiktoken") tokenizer = load_tokenizer(asset_path("tokenizers/llama3/tokenizer.model"));
-  if (key == "qwen-tiktoken") tokenizer = load_tokenizer(asset_path("tokenizers/qwen/qwen.tiktoken"));
+  if (key == "llama3-tiktoken")
+    tokenizer = load_tokenizer(asset_path("tokenizers/llama3/tokenizer.model"));
+  if (key == "qwen-tiktoken")
+    tokenizer = load_tokenizer(asset_path("tokenizers/qwen/qwen.tiktoken"));
   if (!tokenizer) throw std::logic_error("unknown tokenizer key " + key);
   return *loaded.emplace(key, std::move(tokenizer)).first->second;
 }
@@ -101,12 +106,14 @@ std::string error_message_of(const std::function<void()>& action) {
 // Pre-tokenizer
 
 TEST(Pretokenizer, RecognisesTheRegexesOfRealTokenizerFiles) {
-  EXPECT_EQ(pretokenizer_from_regex(
-                R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"),
-            PretokenizerPattern::kLlama3);
-  EXPECT_EQ(pretokenizer_from_regex(
-                R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"),
-            PretokenizerPattern::kQwen2);
+  EXPECT_EQ(
+      pretokenizer_from_regex(
+          R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"),
+      PretokenizerPattern::kLlama3);
+  EXPECT_EQ(
+      pretokenizer_from_regex(
+          R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"),
+      PretokenizerPattern::kQwen2);
   EXPECT_EQ(pretokenizer_from_regex(R"(\w+|[^\w\s]+)"), std::nullopt);
   EXPECT_EQ(pretokenizer_from_name("qwen2"), PretokenizerPattern::kQwen2);
   EXPECT_EQ(pretokenizer_from_name("bert"), std::nullopt);
@@ -114,31 +121,38 @@ TEST(Pretokenizer, RecognisesTheRegexesOfRealTokenizerFiles) {
 
 TEST(Pretokenizer, Llama3SplitsLikeItsRegex) {
   using V = std::vector<std::string>;
-  const auto split = [](std::string_view text) { return pieces_of(text, PretokenizerPattern::kLlama3); };
+  const auto split = [](std::string_view text) {
+    return pieces_of(text, PretokenizerPattern::kLlama3);
+  };
   EXPECT_EQ(split("Hello world"), (V{"Hello", " world"}));
-  EXPECT_EQ(split("   Hello"), (V{"  ", " Hello"}));            // \s+(?!\S) gives back one space
+  EXPECT_EQ(split("   Hello"), (V{"  ", " Hello"}));  // \s+(?!\S) gives back one space
   EXPECT_EQ(split("1234567"), (V{"123", "456", "7"}));
   EXPECT_EQ(split("I'LL don'T"), (V{"I", "'LL", " don", "'T"}));  // contractions ignore case
-  EXPECT_EQ(split("'lx"), (V{"'lx"}));                            // not a contraction: punct + letters
-  EXPECT_EQ(split("a  \n\n  b"), (V{"a", "  \n\n", " ", " b"}));  // \s*[\r\n]+ stops at the last break
-  EXPECT_EQ(split("x !!!\n\ny"), (V{"x", " !!!\n\n", "y"}));      // punctuation swallows line breaks
+  EXPECT_EQ(split("'lx"), (V{"'lx"}));  // not a contraction: punct + letters
+  EXPECT_EQ(split("a  \n\n  b"),
+            (V{"a", "  \n\n", " ", " b"}));                   // \s*[\r\n]+ stops at the last break
+  EXPECT_EQ(split("x !!!\n\ny"), (V{"x", " !!!\n\n", "y"}));  // punctuation swallows line breaks
   EXPECT_EQ(split("(hello)"), (V{"(hello", ")"}));
   EXPECT_EQ(split("\thello"), (V{"\thello"}));
   EXPECT_EQ(split("\n hello"), (V{"\n", " hello"}));
   EXPECT_EQ(split("end  "), (V{"end", "  "}));
-  EXPECT_EQ(split("\xC3\xA9t\xC3\xA9 42\xE4\xB8\xAD"), (V{"\xC3\xA9t\xC3\xA9", " ", "42", "\xE4\xB8\xAD"}));
+  EXPECT_EQ(split("\xC3\xA9t\xC3\xA9 42\xE4\xB8\xAD"),
+            (V{"\xC3\xA9t\xC3\xA9", " ", "42", "\xE4\xB8\xAD"}));
   // U+3000 IDEOGRAPHIC SPACE is \s but not \r\n, so it may lead a word.
   EXPECT_EQ(split("\xE3\x80\x80word"), (V{"\xE3\x80\x80word"}));
 }
 
 TEST(Pretokenizer, QwenSplitsDigitsSingly) {
   using V = std::vector<std::string>;
-  EXPECT_EQ(pieces_of("x 2024!", PretokenizerPattern::kQwen2), (V{"x", " ", "2", "0", "2", "4", "!"}));
+  EXPECT_EQ(pieces_of("x 2024!", PretokenizerPattern::kQwen2),
+            (V{"x", " ", "2", "0", "2", "4", "!"}));
 }
 
 TEST(Pretokenizer, Gpt2SplitsLikeItsRegex) {
   using V = std::vector<std::string>;
-  const auto split = [](std::string_view text) { return pieces_of(text, PretokenizerPattern::kGpt2); };
+  const auto split = [](std::string_view text) {
+    return pieces_of(text, PretokenizerPattern::kGpt2);
+  };
   EXPECT_EQ(split("Hello, world 12345!"), (V{"Hello", ",", " world", " 12345", "!"}));
   EXPECT_EQ(split("I'LL it's"), (V{"I", "'", "LL", " it", "'s"}));  // case-sensitive contractions
   EXPECT_EQ(split("a\n\nb"), (V{"a", "\n", "\n", "b"}));
@@ -161,9 +175,9 @@ TEST(Pretokenizer, PiecesCoverInvalidUtf8) {
 // Unicode
 
 TEST(UnicodeNfc, ComposesReordersAndKeepsExclusions) {
-  EXPECT_EQ(unicode::to_nfc("e\xCC\x81"), "\xC3\xA9");                 // e + acute -> é
+  EXPECT_EQ(unicode::to_nfc("e\xCC\x81"), "\xC3\xA9");  // e + acute -> é
   EXPECT_EQ(unicode::to_nfc("\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8"), "\xEA\xB0\x81");  // jamo -> 각
-  EXPECT_EQ(unicode::to_nfc("\xE2\x84\xAB"), "\xC3\x85");              // U+212B ANGSTROM -> Å
+  EXPECT_EQ(unicode::to_nfc("\xE2\x84\xAB"), "\xC3\x85");  // U+212B ANGSTROM -> Å
   // U+1E0A (D dot above) + U+0323 (dot below): reordered, then D + dot below composes.
   EXPECT_EQ(unicode::to_nfc("\xE1\xB8\x8A\xCC\xA3"), "\xE1\xB8\x8C\xCC\x87");
   // U+0958 is a composition exclusion: it stays decomposed as U+0915 U+093C.
@@ -195,7 +209,8 @@ nlohmann::json tiny_tokenizer_json(const std::vector<std::string>& extra_tokens,
   std::vector<char32_t> alphabet(256);
   char32_t moved = 256;
   for (int byte = 0; byte < 256; ++byte) {
-    const bool printable = (byte >= 33 && byte <= 126) || (byte >= 161 && byte <= 172) || byte >= 174;
+    const bool printable =
+        (byte >= 33 && byte <= 126) || (byte >= 161 && byte <= 172) || byte >= 174;
     alphabet[static_cast<std::size_t>(byte)] = printable ? static_cast<char32_t>(byte) : moved++;
   }
   nlohmann::json vocab = nlohmann::json::object();
@@ -232,14 +247,17 @@ TEST(BpeTokenizerJson, MergesAsStringsOrPairsGiveTheSameIds) {
   const fs::path dir = scratch_dir();
   // ids: ab=256, abc=257, "Ġab"... merges in priority order.
   const std::vector<std::string> extra = {"ab", "abc", "bc"};
-  const auto with_strings = load_json_tokenizer(dir, tiny_tokenizer_json(extra, {"a b", "ab c", "b c"}));
+  const auto with_strings =
+      load_json_tokenizer(dir, tiny_tokenizer_json(extra, {"a b", "ab c", "b c"}));
   EXPECT_EQ(encode_plain(*with_strings, "abc"), (std::vector<int32_t>{257}));
   EXPECT_EQ(encode_plain(*with_strings, "abcbc"), (std::vector<int32_t>{257, 258}));
   const auto with_pairs = load_json_tokenizer(
-      dir, tiny_tokenizer_json(extra, nlohmann::json::array({{"a", "b"}, {"ab", "c"}, {"b", "c"}})));
+      dir,
+      tiny_tokenizer_json(extra, nlohmann::json::array({{"a", "b"}, {"ab", "c"}, {"b", "c"}})));
   EXPECT_EQ(encode_plain(*with_pairs, "abcbc"), encode_plain(*with_strings, "abcbc"));
   // Priority decides, not position: with "b c" first, "abc" becomes a + bc (no "a bc" merge).
-  const auto reordered = load_json_tokenizer(dir, tiny_tokenizer_json(extra, {"b c", "a b", "ab c"}));
+  const auto reordered =
+      load_json_tokenizer(dir, tiny_tokenizer_json(extra, {"b c", "a b", "ab c"}));
   EXPECT_EQ(encode_plain(*reordered, "abc"), (std::vector<int32_t>{'a', 258}));
   EXPECT_EQ(reordered->decode(encode_plain(*reordered, "abc abc")), "abc abc");
 }
@@ -264,7 +282,8 @@ TEST(BpeTokenizerJson, AddedTokensBosAndEos) {
       {{"id", 302}, {"content", "<tool>"}, {"special", false}},
       {{"id", 303}, {"content", "<tool_long>"}, {"special", false}},
   };
-  write_file(dir / "tokenizer_config.json", R"({"bos_token": "<s>", "eos_token": {"content": "</s>"}})");
+  write_file(dir / "tokenizer_config.json",
+             R"({"bos_token": "<s>", "eos_token": {"content": "</s>"}})");
   write_file(dir / "generation_config.json", R"({"eos_token_id": [301, 302]})");
   const auto tokenizer = load_json_tokenizer(dir, root);
   EXPECT_EQ(tokenizer->bos_id(), 300);
@@ -328,8 +347,9 @@ TEST(BpeTokenizerErrors, BadTiktokenFiles) {
   }
   write_file(dir / "good.tiktoken", ranks);
   // 256 ranks is no known vocabulary: it needs the pre-tokenizer named.
-  EXPECT_NE(error_message_of([&] { load_tokenizer((dir / "good.tiktoken").string()); })
-                .find("unrecognised tiktoken vocabulary"),
+  EXPECT_NE(error_message_of([&] {
+              load_tokenizer((dir / "good.tiktoken").string());
+            }).find("unrecognised tiktoken vocabulary"),
             std::string::npos);
   TiktokenOptions options;
   options.pretokenizer = PretokenizerPattern::kGpt2;
@@ -337,11 +357,14 @@ TEST(BpeTokenizerErrors, BadTiktokenFiles) {
   EXPECT_EQ(encode_plain(*plain, "hi"), (std::vector<int32_t>{'h', 'i'}));
 
   write_file(dir / "bad.tiktoken", ranks + "!!!! 256\n");
-  const std::string bad_base64 = error_message_of([&] { load_tokenizer((dir / "bad.tiktoken").string()); });
+  const std::string bad_base64 =
+      error_message_of([&] { load_tokenizer((dir / "bad.tiktoken").string()); });
   EXPECT_NE(bad_base64.find("bad.tiktoken:257: invalid base64"), std::string::npos) << bad_base64;
 
   write_file(dir / "gap.tiktoken", ranks + "YWI= 300\n");
-  EXPECT_NE(error_message_of([&] { load_tokenizer((dir / "gap.tiktoken").string()); }).find("out of order"),
+  EXPECT_NE(error_message_of([&] {
+              load_tokenizer((dir / "gap.tiktoken").string());
+            }).find("out of order"),
             std::string::npos);
 }
 
@@ -356,7 +379,8 @@ TEST(LoadTokenizer, PicksTheFormatByFolderContentAndFileKind) {
 
   // tokenizer.model holding a SentencePiece ModelProto.
   fs::create_directories(root / "sentencepiece");
-  fs::create_symlink(asset_path("tokenizers/llama2/tokenizer.model"), root / "sentencepiece/tokenizer.model");
+  fs::create_symlink(asset_path("tokenizers/llama2/tokenizer.model"),
+                     root / "sentencepiece/tokenizer.model");
   EXPECT_EQ(load_tokenizer((root / "sentencepiece").string())->vocab_size(), 32000);
 
   // A tokenizer.json that is not byte-level BPE (Llama 2's Metaspace form) next to it: the loader
@@ -367,13 +391,15 @@ TEST(LoadTokenizer, PicksTheFormatByFolderContentAndFileKind) {
   write_file(root / "sentencepiece/tokenizer.json", metaspace.dump());
   EXPECT_EQ(load_tokenizer((root / "sentencepiece").string())->vocab_size(), 32000);
   // On its own, that tokenizer.json is refused with a reason.
-  EXPECT_NE(error_message_of([&] { load_tokenizer((root / "sentencepiece/tokenizer.json").string()); })
-                .find("not a byte-level BPE tokenizer"),
+  EXPECT_NE(error_message_of([&] {
+              load_tokenizer((root / "sentencepiece/tokenizer.json").string());
+            }).find("not a byte-level BPE tokenizer"),
             std::string::npos);
 
   // tokenizer.model holding tiktoken ranks (Llama 3).
   fs::create_directories(root / "tiktoken");
-  fs::create_symlink(asset_path("tokenizers/llama3/tokenizer.model"), root / "tiktoken/tokenizer.model");
+  fs::create_symlink(asset_path("tokenizers/llama3/tokenizer.model"),
+                     root / "tiktoken/tokenizer.model");
   const auto llama3 = load_tokenizer((root / "tiktoken").string());
   EXPECT_EQ(llama3->vocab_size(), 128256);
   EXPECT_EQ(llama3->bos_id(), 128000);
@@ -386,8 +412,9 @@ TEST(LoadTokenizer, PicksTheFormatByFolderContentAndFileKind) {
 
   // A file of no known kind.
   write_file(root / "notes.txt", "just some text\n");
-  EXPECT_NE(error_message_of([&] { load_tokenizer((root / "notes.txt").string()); })
-                .find("not a recognised tokenizer file"),
+  EXPECT_NE(error_message_of([&] {
+              load_tokenizer((root / "notes.txt").string());
+            }).find("not a recognised tokenizer file"),
             std::string::npos);
 }
 
@@ -401,8 +428,10 @@ struct VectorCase {
 
 // .inp holds the texts, each followed by "\n__ggml_vocab_test__\n"; .out one line of ids per text.
 std::vector<VectorCase> read_vectors(const std::string& name) {
-  const std::string input = read_file_bytes(asset_path("tokenizer-vectors/ggml-vocab-" + name + ".gguf.inp"));
-  const std::string output = read_file_bytes(asset_path("tokenizer-vectors/ggml-vocab-" + name + ".gguf.out"));
+  const std::string input =
+      read_file_bytes(asset_path("tokenizer-vectors/ggml-vocab-" + name + ".gguf.inp"));
+  const std::string output =
+      read_file_bytes(asset_path("tokenizer-vectors/ggml-vocab-" + name + ".gguf.out"));
   const std::string separator = "\n__ggml_vocab_test__\n";
   std::vector<VectorCase> cases;
   for (std::size_t start = 0; start < input.size();) {
@@ -567,19 +596,27 @@ std::string build_mixed_corpus() {
     const auto& range = cjk_ranges[random.below(4)];
     const uint32_t run = 1 + random.below(12);
     for (uint32_t i = 0; i < run; ++i) {
-      unicode::append_utf8(cjk, range.first + random.below(static_cast<uint32_t>(range.second - range.first + 1)));
+      unicode::append_utf8(
+          cjk, range.first + random.below(static_cast<uint32_t>(range.second - range.first + 1)));
     }
-    static const char* const kSeparators[] = {"\xE3\x80\x82", "\xE3\x80\x81", " ", "\n", "\xEF\xBC\x8C", ""};
+    static const char* const kSeparators[] = {"\xE3\x80\x82", "\xE3\x80\x81", " ",
+                                              "\n",           "\xEF\xBC\x8C", ""};
     cjk += kSeparators[random.below(6)];
   }
   corpus += cjk;
 
   // Emoji: plain, with skin tones, ZWJ families, flags, keycaps, variation selectors.
   static const char* const kEmoji[] = {
-      "\xF0\x9F\x98\x80", "\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD",
-      "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7", "\xF0\x9F\x87\xAF\xF0\x9F\x87\xB5",
-      "1\xEF\xB8\x8F\xE2\x83\xA3", "\xE2\x9D\xA4\xEF\xB8\x8F", "\xF0\x9F\xA6\x99", "\xF0\x9F\xAB\xA0",
-      "\xF0\x9F\x8F\xB3\xEF\xB8\x8F\xE2\x80\x8D\xF0\x9F\x8C\x88", "\xE2\x9C\x85"};
+      "\xF0\x9F\x98\x80",
+      "\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD",
+      "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7",
+      "\xF0\x9F\x87\xAF\xF0\x9F\x87\xB5",
+      "1\xEF\xB8\x8F\xE2\x83\xA3",
+      "\xE2\x9D\xA4\xEF\xB8\x8F",
+      "\xF0\x9F\xA6\x99",
+      "\xF0\x9F\xAB\xA0",
+      "\xF0\x9F\x8F\xB3\xEF\xB8\x8F\xE2\x80\x8D\xF0\x9F\x8C\x88",
+      "\xE2\x9C\x85"};
   std::string emoji;
   while (emoji.size() < 50000) {
     emoji += kEmoji[random.below(10)];
@@ -588,14 +625,16 @@ std::string build_mixed_corpus() {
   corpus += emoji;
 
   // Long whitespace runs of every kind, between words.
-  static const char* const kSpaces[] = {" ", "\t", "\n", "\r\n", "\xC2\xA0", "\xE3\x80\x80", "\xE2\x80\x83", "\x0B"};
+  static const char* const kSpaces[] = {" ",        "\t",           "\n",           "\r\n",
+                                        "\xC2\xA0", "\xE3\x80\x80", "\xE2\x80\x83", "\x0B"};
   std::string spaces;
   while (spaces.size() < 60000) {
     const uint32_t run = 1 + random.below(random.below(4) == 0 ? 400 : 8);
     const char* kind = kSpaces[random.below(8)];
     const bool mixed = random.below(3) == 0;
     for (uint32_t i = 0; i < run; ++i) spaces += mixed ? kSpaces[random.below(8)] : kind;
-    static const char* const kWords[] = {"word", "x", "!", "42", "(", "Zebra", "\xC3\xA9t\xC3\xA9", "'s"};
+    static const char* const kWords[] = {"word", "x", "!", "42", "(", "Zebra", "\xC3\xA9t\xC3\xA9",
+                                         "'s"};
     spaces += kWords[random.below(8)];
   }
   corpus += spaces;
@@ -605,26 +644,48 @@ std::string build_mixed_corpus() {
   while (digits.size() < 60000) {
     const uint32_t run = 1 + random.below(random.below(5) == 0 ? 300 : 12);
     for (uint32_t i = 0; i < run; ++i) digits.push_back(static_cast<char>('0' + random.below(10)));
-    static const char* const kGlue[] = {" ", ",", ".", "px", "\n", "$", " \xD9\xA3\xD9\xA4", "\xC2\xBD", "x"};
+    static const char* const kGlue[] = {" ",        ",", ".", "px", "\n", "$", " \xD9\xA3\xD9\xA4",
+                                        "\xC2\xBD", "x"};
     digits += kGlue[random.below(9)];
   }
   corpus += digits;
 
   // Mixed scripts, in NFC, and contractions in every case.
   static const char* const kPhrases[] = {
-      "\xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82, \xD0\xBC\xD0\xB8\xD1\x80! ",  // Привет, мир!
-      "\xCE\x9A\xCE\xB1\xCE\xBB\xCE\xB7\xCE\xBC\xCE\xAD\xCF\x81\xCE\xB1 ",            // Καλημέρα
-      "\xD9\x85\xD8\xB1\xD8\xAD\xD8\xA8\xD8\xA7 \xD8\xA8\xD8\xA7\xD9\x84\xD8\xB9\xD8\xA7\xD9\x84\xD9\x85 ",  // مرحبا بالعالم
-      "\xD7\xA9\xD7\x9C\xD7\x95\xD7\x9D ",                                            // שלום
-      "\xE0\xA4\xA8\xE0\xA4\xAE\xE0\xA4\xB8\xE0\xA5\x8D\xE0\xA4\xA4\xE0\xA5\x87 ",    // नमस्ते
-      "\xE0\xB8\xAA\xE0\xB8\xA7\xE0\xB8\xB1\xE0\xB8\xAA\xE0\xB8\x94\xE0\xB8\xB5 ",    // สวัสดี
-      "na\xC3\xAFve caf\xC3\xA9 \xC3\x9C" "ber F\xC3\xBChrer ",
-      "I'LL ", "WE'RE ", "you'Ve ", "SHE'S ", "'S ", "'ll ", "'D ", "'m ", "don'T ", "'\xC5\xBF ",
-      "it's ", "O'Neil ", "''' ", "Hello\xE4\xB8\x96\xE7\x95\x8C ", "abc\xD0\xB0\xD0\xB1\xD0\xB2 ",
-      "x=>y; ", "<|endoftext|> ", "\xE2\x80\x94 ", "\xE2\x80\x9Cquoted\xE2\x80\x9D ", "\n\n",
+      "\xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82, \xD0\xBC\xD0\xB8\xD1\x80! ",  // Привет,
+                                                                                       // мир!
+      "\xCE\x9A\xCE\xB1\xCE\xBB\xCE\xB7\xCE\xBC\xCE\xAD\xCF\x81\xCE\xB1 ",  // Καλημέρα
+      "\xD9\x85\xD8\xB1\xD8\xAD\xD8\xA8\xD8\xA7 "
+      "\xD8\xA8\xD8\xA7\xD9\x84\xD8\xB9\xD8\xA7\xD9\x84\xD9\x85 ",  // مرحبا بالعالم
+      "\xD7\xA9\xD7\x9C\xD7\x95\xD7\x9D ",                          // שלום
+      "\xE0\xA4\xA8\xE0\xA4\xAE\xE0\xA4\xB8\xE0\xA5\x8D\xE0\xA4\xA4\xE0\xA5\x87 ",  // नमस्ते
+      "\xE0\xB8\xAA\xE0\xB8\xA7\xE0\xB8\xB1\xE0\xB8\xAA\xE0\xB8\x94\xE0\xB8\xB5 ",  // สวัสดี
+      "na\xC3\xAFve caf\xC3\xA9 \xC3\x9C"
+      "ber F\xC3\xBChrer ",
+      "I'LL ",
+      "WE'RE ",
+      "you'Ve ",
+      "SHE'S ",
+      "'S ",
+      "'ll ",
+      "'D ",
+      "'m ",
+      "don'T ",
+      "'\xC5\xBF ",
+      "it's ",
+      "O'Neil ",
+      "''' ",
+      "Hello\xE4\xB8\x96\xE7\x95\x8C ",
+      "abc\xD0\xB0\xD0\xB1\xD0\xB2 ",
+      "x=>y; ",
+      "<|endoftext|> ",
+      "\xE2\x80\x94 ",
+      "\xE2\x80\x9Cquoted\xE2\x80\x9D ",
+      "\n\n",
   };
   std::string mixed;
-  while (mixed.size() < 70000) mixed += kPhrases[random.below(sizeof(kPhrases) / sizeof(kPhrases[0]))];
+  while (mixed.size() < 70000)
+    mixed += kPhrases[random.below(sizeof(kPhrases) / sizeof(kPhrases[0]))];
   corpus += mixed;
   return corpus;
 }
@@ -645,10 +706,12 @@ void expect_agreement_and_round_trip(const Tokenizer& json, const Tokenizer& tik
     const auto mismatch = std::mismatch(from_json.begin(), from_json.end(), from_tiktoken.begin(),
                                         from_tiktoken.end());
     const std::size_t at = static_cast<std::size_t>(mismatch.first - from_json.begin());
-    const std::vector<int32_t> before(from_json.begin(), from_json.begin() + static_cast<std::ptrdiff_t>(at));
+    const std::vector<int32_t> before(from_json.begin(),
+                                      from_json.begin() + static_cast<std::ptrdiff_t>(at));
     FAIL() << "tokenizer.json and tiktoken disagree at token " << at << " of " << from_json.size()
            << " / " << from_tiktoken.size() << ", after text ending \""
-           << json.decode(before).substr(json.decode(before).size() > 60 ? json.decode(before).size() - 60 : 0)
+           << json.decode(before).substr(
+                  json.decode(before).size() > 60 ? json.decode(before).size() - 60 : 0)
            << "\"";
   }
   EXPECT_EQ(json.decode(from_json), corpus);
@@ -659,14 +722,16 @@ TEST(BpeTokenizerReal, Llama3JsonAndTiktokenAgreeOnMixedCorpus) {
   ENTROPYINFER_REQUIRE_ASSET("tokenizers/llama3/tokenizer.model");
   ENTROPYINFER_REQUIRE_ASSET("text/kjv/kjv_bible.txt");
   REQUIRE_TOKENIZER_JSON("llama3");
-  expect_agreement_and_round_trip(shared_tokenizer("llama3-json"), shared_tokenizer("llama3-tiktoken"));
+  expect_agreement_and_round_trip(shared_tokenizer("llama3-json"),
+                                  shared_tokenizer("llama3-tiktoken"));
 }
 
 TEST(BpeTokenizerReal, Qwen3JsonAndTiktokenAgreeOnMixedCorpus) {
   ENTROPYINFER_REQUIRE_ASSET("tokenizers/qwen/qwen.tiktoken");
   ENTROPYINFER_REQUIRE_ASSET("text/kjv/kjv_bible.txt");
   REQUIRE_TOKENIZER_JSON("qwen3");
-  expect_agreement_and_round_trip(shared_tokenizer("qwen3-json"), shared_tokenizer("qwen-tiktoken"));
+  expect_agreement_and_round_trip(shared_tokenizer("qwen3-json"),
+                                  shared_tokenizer("qwen-tiktoken"));
 }
 
 TEST(BpeTokenizerReal, QwenNormalisesToNfcAndLlama3KeepsBytes) {

@@ -1,5 +1,5 @@
-// StreamingDecoder: ids pushed one at a time give exactly the whole-sequence decode, and every piece
-// it returns is valid UTF-8 even when a character's bytes are spread over several tokens.
+// StreamingDecoder: ids pushed one at a time give exactly the whole-sequence decode, and every
+// piece it returns is valid UTF-8 even when a character's bytes are spread over several tokens.
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -47,7 +47,8 @@ bool is_valid_utf8(std::string_view text) {
       value = (value << 6) | (byte & 0x3F);
     }
     const char32_t minimum[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (value < minimum[length] || value > 0x10FFFF || (value >= 0xD800 && value <= 0xDFFF)) return false;
+    if (value < minimum[length] || value > 0x10FFFF || (value >= 0xD800 && value <= 0xDFFF))
+      return false;
     i += length;
   }
   return true;
@@ -69,12 +70,13 @@ std::string stream_all(const Tokenizer& tokenizer, const std::vector<int32_t>& i
   return text + tail;
 }
 
-// A byte-level tokenizer of the 256 single bytes plus a few multi-byte tokens that end in the middle
-// of a character, with no assets needed.
+// A byte-level tokenizer of the 256 single bytes plus a few multi-byte tokens that end in the
+// middle of a character, with no assets needed.
 std::unique_ptr<Tokenizer> byte_tokenizer() {
   BpeTokenizer::Definition definition;
-  for (int byte = 0; byte < 256; ++byte) definition.token_bytes.emplace_back(1, static_cast<char>(byte));
-  definition.token_bytes.push_back("a\xE4");          // 256: 'a' + first byte of 中
+  for (int byte = 0; byte < 256; ++byte)
+    definition.token_bytes.emplace_back(1, static_cast<char>(byte));
+  definition.token_bytes.push_back("a\xE4");             // 256: 'a' + first byte of 中
   definition.token_bytes.push_back("\xB8\xAD\xF0\x9F");  // 257: rest of 中 + half of 😀
   definition.merges = {{'a', 0xE4, 256, 0}};
   definition.source_name = "synthetic";
@@ -105,7 +107,8 @@ TEST(StreamingDecoder, HoldsBackPartialCharacters) {
 
 TEST(StreamingDecoder, ByteByByteEqualsDecode) {
   const auto tokenizer = byte_tokenizer();
-  const std::string text = "h\xC3\xA9llo \xE4\xB8\xAD\xE6\x96\x87 \xF0\x9F\x98\x80\xE2\x9D\xA4\xEF\xB8\x8F end";
+  const std::string text =
+      "h\xC3\xA9llo \xE4\xB8\xAD\xE6\x96\x87 \xF0\x9F\x98\x80\xE2\x9D\xA4\xEF\xB8\x8F end";
   const std::vector<int32_t> ids = byte_ids(text);
   std::vector<std::string> pieces;
   EXPECT_EQ(stream_all(*tokenizer, ids, &pieces), tokenizer->decode(ids));
@@ -120,19 +123,23 @@ TEST(StreamingDecoder, InvalidBytesBecomeReplacementCharacters) {
   EXPECT_EQ(decoder.push(0xFF), "\xEF\xBF\xBD");  // can never start a character: out at once
   EXPECT_EQ(decoder.push(0xE4), "");
   EXPECT_EQ(decoder.push(0xB8), "");
-  EXPECT_EQ(decoder.push('a'), "\xEF\xBF\xBD" "a");  // the broken E4 B8 is one U+FFFD, then 'a'
-  EXPECT_EQ(decoder.push(0x80), "\xEF\xBF\xBD");     // stray continuation byte
+  EXPECT_EQ(decoder.push('a'),
+            "\xEF\xBF\xBD"
+            "a");                                 // the broken E4 B8 is one U+FFFD, then 'a'
+  EXPECT_EQ(decoder.push(0x80), "\xEF\xBF\xBD");  // stray continuation byte
   EXPECT_EQ(decoder.push(0xF0), "");
   EXPECT_EQ(decoder.push(0x9F), "");
   EXPECT_EQ(decoder.flush(), "\xEF\xBF\xBD");  // truncated at the end of the stream
-  EXPECT_EQ(decoder.push('b'), "b");         // and the decoder is usable again
+  EXPECT_EQ(decoder.push('b'), "b");           // and the decoder is usable again
 }
 
 // A tokenizer whose decode() drops the leading space of the first token, as SentencePiece's does.
 class LeadingSpaceTokenizer : public Tokenizer {
  public:
   std::vector<int32_t> encode(std::string_view, const EncodeOptions&) const override { return {}; }
-  std::string token_bytes(int32_t id) const override { return pieces_.at(static_cast<std::size_t>(id)); }
+  std::string token_bytes(int32_t id) const override {
+    return pieces_.at(static_cast<std::size_t>(id));
+  }
   int32_t vocab_size() const override { return static_cast<int32_t>(pieces_.size()); }
   std::optional<int32_t> bos_id() const override { return 0; }
   std::vector<int32_t> eos_ids() const override { return {}; }
@@ -167,15 +174,18 @@ TEST(StreamingDecoder, FollowsTheTokenizersOwnDecodeRules) {
 
 // Texts whose characters the real vocabularies split over several tokens.
 const std::string kHardText =
-    "Emoji \xF0\x9F\xAB\xA0\xF0\x9F\xA6\x99 \xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D"
+    "Emoji \xF0\x9F\xAB\xA0\xF0\x9F\xA6\x99 "
+    "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D"
     "\xF0\x9F\x91\xA7 \xF0\x9F\x87\xAF\xF0\x9F\x87\xB5, CJK \xE9\xBE\x98\xE7\xBA\x9B\xE9\xBD\x89"
-    "\xE7\x88\xA8 \xEA\xB0\x81\xEB\x98\xA0, \xE1\x9E\x80\xE1\x9E\xB6 and \xF0\x90\x8C\xB0\xF0\x90\x8C\xB1.";
+    "\xE7\x88\xA8 \xEA\xB0\x81\xEB\x98\xA0, \xE1\x9E\x80\xE1\x9E\xB6 and "
+    "\xF0\x90\x8C\xB0\xF0\x90\x8C\xB1.";
 
 void expect_streaming_matches(const Tokenizer& tokenizer) {
   const std::vector<int32_t> ids = tokenizer.encode(kHardText, EncodeOptions{});
   // The test only means something if some token is not a whole character on its own.
   bool split_character = false;
-  for (int32_t id : ids) split_character = split_character || !is_valid_utf8(tokenizer.token_bytes(id));
+  for (int32_t id : ids)
+    split_character = split_character || !is_valid_utf8(tokenizer.token_bytes(id));
   EXPECT_TRUE(split_character);
   EXPECT_EQ(tokenizer.decode(ids), kHardText);
   EXPECT_EQ(stream_all(tokenizer, ids), kHardText);
@@ -196,8 +206,8 @@ TEST(StreamingDecoder, QwenSplitsEmojiAndCjkAcrossTokens) {
 TEST(StreamingDecoder, Llama2cTokenizerMatchesItsDecode) {
   ENTROPYINFER_REQUIRE_ASSET("stories260K/tok512.bin");
   const auto tokenizer = load_llama2c_tokenizer(asset_path("stories260K/tok512.bin"), 512);
-  const std::vector<int32_t> ids =
-      tokenizer->encode("Once upon a time, Lily saw a \xE4\xB8\xAD bird.", {.add_bos = true, .parse_special = false});
+  const std::vector<int32_t> ids = tokenizer->encode(
+      "Once upon a time, Lily saw a \xE4\xB8\xAD bird.", {.add_bos = true, .parse_special = false});
   ASSERT_GT(ids.size(), 5u);
   EXPECT_EQ(stream_all(*tokenizer, ids), tokenizer->decode(ids));
 }

@@ -17,12 +17,12 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// A word cache that grows past this is cleared: one call over adversarial text (every word distinct)
-// must not hold the whole text twice.
+// A word cache that grows past this is cleared: one call over adversarial text (every word
+// distinct) must not hold the whole text twice.
 constexpr std::size_t kMaxCachedWords = 1 << 16;
 
-// GPT-2's reversible byte -> code point mapping: printable Latin-1 bytes stand for themselves, the rest
-// (controls, space, soft hyphen) are moved to U+0100 and up, so that every byte has a visible
+// GPT-2's reversible byte -> code point mapping: printable Latin-1 bytes stand for themselves, the
+// rest (controls, space, soft hyphen) are moved to U+0100 and up, so that every byte has a visible
 // character and vocabularies can be stored as JSON strings.
 struct ByteLevelAlphabet {
   std::array<char32_t, 256> code_point_of_byte{};
@@ -40,8 +40,8 @@ struct ByteLevelAlphabet {
     }
   }
 
-  // The bytes a byte-level vocabulary string stands for, or nullopt when it holds a character outside
-  // the alphabet.
+  // The bytes a byte-level vocabulary string stands for, or nullopt when it holds a character
+  // outside the alphabet.
   std::optional<std::string> to_bytes(std::string_view text) const {
     std::string bytes;
     bytes.reserve(text.size());
@@ -111,8 +111,8 @@ void add_unique(std::vector<int32_t>& ids, int32_t id) {
   if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
 }
 
-// Turn terminators of chat models whose generation_config.json lists them beside the tokenizer's own
-// EOS (and is often not shipped with the tokenizer): generation must stop at them either way.
+// Turn terminators of chat models whose generation_config.json lists them beside the tokenizer's
+// own EOS (and is often not shipped with the tokenizer): generation must stop at them either way.
 constexpr std::array<std::string_view, 5> kKnownStopTokens = {
     "<|end_of_text|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|im_end|>"};
 
@@ -143,9 +143,10 @@ void read_pre_tokenizer(const json& node, const std::string& where, const std::s
   if (type == "Split") {
     const json& pattern = node.value("pattern", json());
     if (!pattern.is_object() || !pattern.contains("Regex") || !pattern["Regex"].is_string()) {
-      throw Error(path + ": " + where +
-                  " splits on a literal string, not a regex; only the GPT-2, Llama 3 and Qwen2 split "
-                  "regexes are supported");
+      throw Error(
+          path + ": " + where +
+          " splits on a literal string, not a regex; only the GPT-2, Llama 3 and Qwen2 split "
+          "regexes are supported");
     }
     const std::string regex = pattern["Regex"].get<std::string>();
     const std::optional<PretokenizerPattern> recognised = pretokenizer_from_regex(regex);
@@ -195,7 +196,8 @@ bool read_normalizer(const json& node, const std::string& where, const std::stri
     const json& items = node.value("normalizers", json::array());
     bool nfc = false;
     for (std::size_t i = 0; i < items.size(); ++i) {
-      nfc = read_normalizer(items[i], where + ".normalizers[" + std::to_string(i) + "]", path) || nfc;
+      nfc =
+          read_normalizer(items[i], where + ".normalizers[" + std::to_string(i) + "]", path) || nfc;
     }
     return nfc;
   }
@@ -219,7 +221,8 @@ std::optional<std::string> template_bos_token(const json& node) {
   const json& first = single[0];
   if (first.is_object() && first.contains("SpecialToken") && first["SpecialToken"].is_object()) {
     const json& special = first["SpecialToken"];
-    if (special.contains("id") && special["id"].is_string()) return special["id"].get<std::string>();
+    if (special.contains("id") && special["id"].is_string())
+      return special["id"].get<std::string>();
   }
   return std::nullopt;
 }
@@ -256,13 +259,15 @@ std::unique_ptr<Tokenizer> build_from_tokenizer_json(const json& root, const std
                                      "\"; only byte-level BPE tokenizer.json files are supported");
   }
   for (const char* field : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (model.contains(field) && model[field].is_string() && !model[field].get<std::string>().empty()) {
+    if (model.contains(field) && model[field].is_string() &&
+        !model[field].get<std::string>().empty()) {
       throw Error(path + ": model." + field + " is not supported");
     }
   }
 
-  // Whether the file is byte-level at all is decided first, so that a SentencePiece-style BPE file is
-  // reported as such (and a loader can fall back) rather than for its first unsupported component.
+  // Whether the file is byte-level at all is decided first, so that a SentencePiece-style BPE file
+  // is reported as such (and a loader can fall back) rather than for its first unsupported
+  // component.
   if (!has_byte_level(root.value("pre_tokenizer", json())) &&
       !has_byte_level(root.value("decoder", json()))) {
     throw UnsupportedTokenizerFormat(
@@ -271,8 +276,9 @@ std::unique_ptr<Tokenizer> build_from_tokenizer_json(const json& root, const std
   PreTokenizerSettings pre_tokenizer;
   read_pre_tokenizer(root.value("pre_tokenizer", json()), "pre_tokenizer", path, pre_tokenizer);
   if (!pre_tokenizer.pattern) {
-    throw Error(path + ": pre_tokenizer has no split pattern (expected a Split regex or a ByteLevel "
-                       "pre-tokenizer with use_regex)");
+    throw Error(path +
+                ": pre_tokenizer has no split pattern (expected a Split regex or a ByteLevel "
+                "pre-tokenizer with use_regex)");
   }
 
   BpeTokenizer::Definition definition;
@@ -300,8 +306,8 @@ std::unique_ptr<Tokenizer> build_from_tokenizer_json(const json& root, const std
     if (static_cast<std::size_t>(id) >= definition.token_bytes.size()) {
       definition.token_bytes.resize(static_cast<std::size_t>(id) + 1);
     }
-    // A string outside the byte-level alphabet cannot come out of BPE; keep its UTF-8 so that it can
-    // still be looked up and decoded.
+    // A string outside the byte-level alphabet cannot come out of BPE; keep its UTF-8 so that it
+    // can still be looked up and decoded.
     std::optional<std::string> bytes = alphabet.to_bytes(it.key());
     definition.token_bytes[static_cast<std::size_t>(id)] = bytes ? std::move(*bytes) : it.key();
   }
@@ -323,7 +329,8 @@ std::unique_ptr<Tokenizer> build_from_tokenizer_json(const json& root, const std
       }
       left = text.substr(0, space);
       right = text.substr(space + 1);
-    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
+    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
+               merge[1].is_string()) {
       left = merge[0].get<std::string>();
       right = merge[1].get<std::string>();
     } else {
@@ -337,8 +344,8 @@ std::unique_ptr<Tokenizer> build_from_tokenizer_json(const json& root, const std
       throw Error(path + ": model.merges[" + std::to_string(i) + "] (\"" + left + "\", \"" + right +
                   "\") names a token missing from model.vocab");
     }
-    definition.merges.push_back({left_it->second, right_it->second, merged_it->second,
-                                 static_cast<int32_t>(i)});
+    definition.merges.push_back(
+        {left_it->second, right_it->second, merged_it->second, static_cast<int32_t>(i)});
   }
 
   // Added tokens.
@@ -367,7 +374,8 @@ std::unique_ptr<Tokenizer> build_from_tokenizer_json(const json& root, const std
     }
     const std::optional<std::string> bytes = alphabet.to_bytes(text);
     if (bytes) {
-      if (auto it = id_of_vocab_string.find(text); it != id_of_vocab_string.end()) return it->second;
+      if (auto it = id_of_vocab_string.find(text); it != id_of_vocab_string.end())
+        return it->second;
     }
     return std::nullopt;
   };
@@ -378,7 +386,8 @@ std::unique_ptr<Tokenizer> build_from_tokenizer_json(const json& root, const std
       read_optional_json(folder / "tokenizer_config.json", "tokenizer_config.json");
   const std::optional<json> generation_config =
       read_optional_json(folder / "generation_config.json", "generation_config.json");
-  const std::optional<json> model_config = read_optional_json(folder / "config.json", "config.json");
+  const std::optional<json> model_config =
+      read_optional_json(folder / "config.json", "config.json");
 
   std::optional<std::string> bos_text = template_bos_token(root.value("post_processor", json()));
   if (!bos_text && tokenizer_config && tokenizer_config->is_object() &&
@@ -393,15 +402,18 @@ std::unique_ptr<Tokenizer> build_from_tokenizer_json(const json& root, const std
   }
 
   if (tokenizer_config && tokenizer_config->is_object()) {
-    if (std::optional<std::string> eos_text = token_text_of(tokenizer_config->value("eos_token", json()))) {
+    if (std::optional<std::string> eos_text =
+            token_text_of(tokenizer_config->value("eos_token", json()))) {
       const std::optional<int32_t> eos = find_token(*eos_text);
-      if (!eos) throw Error(path + ": the EOS token \"" + *eos_text + "\" is not in the vocabulary");
+      if (!eos)
+        throw Error(path + ": the EOS token \"" + *eos_text + "\" is not in the vocabulary");
       add_unique(definition.eos_ids, *eos);
     }
   }
   for (const std::optional<json>& config : {generation_config, model_config}) {
     if (config && config->is_object()) {
-      for (int32_t id : ids_of(config->value("eos_token_id", json()))) add_unique(definition.eos_ids, id);
+      for (int32_t id : ids_of(config->value("eos_token_id", json())))
+        add_unique(definition.eos_ids, id);
     }
   }
   for (std::string_view stop : kKnownStopTokens) {
@@ -443,9 +455,9 @@ std::optional<std::string> decode_base64(std::string_view text) {
       values[k] = base64_value(c);
       if (values[k] < 0) return std::nullopt;
     }
-    const uint32_t group = (static_cast<uint32_t>(values[0]) << 18) |
-                           (static_cast<uint32_t>(values[1]) << 12) |
-                           (static_cast<uint32_t>(values[2]) << 6) | static_cast<uint32_t>(values[3]);
+    const uint32_t group =
+        (static_cast<uint32_t>(values[0]) << 18) | (static_cast<uint32_t>(values[1]) << 12) |
+        (static_cast<uint32_t>(values[2]) << 6) | static_cast<uint32_t>(values[3]);
     out.push_back(static_cast<char>((group >> 16) & 0xFF));
     if (padding < 2) out.push_back(static_cast<char>((group >> 8) & 0xFF));
     if (padding < 1) out.push_back(static_cast<char>(group & 0xFF));
@@ -458,12 +470,16 @@ constexpr int32_t kQwenRankCount = 151643;
 
 std::vector<AddedToken> llama3_special_tokens(int32_t first_id) {
   // Meta's reference tokenizer: 256 special tokens after the ranks, most of them reserved.
-  std::vector<std::string> names = {
-      "<|begin_of_text|>",           "<|end_of_text|>",
-      "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
-      "<|reserved_special_token_2|>", "<|reserved_special_token_3|>",
-      "<|start_header_id|>",          "<|end_header_id|>",
-      "<|reserved_special_token_4|>", "<|eot_id|>"};
+  std::vector<std::string> names = {"<|begin_of_text|>",
+                                    "<|end_of_text|>",
+                                    "<|reserved_special_token_0|>",
+                                    "<|reserved_special_token_1|>",
+                                    "<|reserved_special_token_2|>",
+                                    "<|reserved_special_token_3|>",
+                                    "<|start_header_id|>",
+                                    "<|end_header_id|>",
+                                    "<|reserved_special_token_4|>",
+                                    "<|eot_id|>"};
   for (int i = 5; names.size() < 256; ++i) {
     names.push_back("<|reserved_special_token_" + std::to_string(i) + "|>");
   }
@@ -478,18 +494,23 @@ std::vector<AddedToken> qwen_special_tokens(int32_t first_id) {
   // Qwen3's added tokens; the first 22 are Qwen2/2.5's. The special flags follow Qwen3's
   // tokenizer.json, where tool-call, FIM and think markers are plain added tokens.
   const std::pair<const char*, bool> tokens_and_special[] = {
-      {"<|endoftext|>", true},      {"<|im_start|>", true},       {"<|im_end|>", true},
-      {"<|object_ref_start|>", true}, {"<|object_ref_end|>", true}, {"<|box_start|>", true},
-      {"<|box_end|>", true},        {"<|quad_start|>", true},     {"<|quad_end|>", true},
-      {"<|vision_start|>", true},   {"<|vision_end|>", true},     {"<|vision_pad|>", true},
-      {"<|image_pad|>", true},      {"<|video_pad|>", true},      {"<tool_call>", false},
-      {"</tool_call>", false},      {"<|fim_prefix|>", false},    {"<|fim_middle|>", false},
-      {"<|fim_suffix|>", false},    {"<|fim_pad|>", false},       {"<|repo_name|>", false},
-      {"<|file_sep|>", false},      {"<tool_response>", false},   {"</tool_response>", false},
+      {"<|endoftext|>", true},      {"<|im_start|>", true},
+      {"<|im_end|>", true},         {"<|object_ref_start|>", true},
+      {"<|object_ref_end|>", true}, {"<|box_start|>", true},
+      {"<|box_end|>", true},        {"<|quad_start|>", true},
+      {"<|quad_end|>", true},       {"<|vision_start|>", true},
+      {"<|vision_end|>", true},     {"<|vision_pad|>", true},
+      {"<|image_pad|>", true},      {"<|video_pad|>", true},
+      {"<tool_call>", false},       {"</tool_call>", false},
+      {"<|fim_prefix|>", false},    {"<|fim_middle|>", false},
+      {"<|fim_suffix|>", false},    {"<|fim_pad|>", false},
+      {"<|repo_name|>", false},     {"<|file_sep|>", false},
+      {"<tool_response>", false},   {"</tool_response>", false},
       {"<think>", false},           {"</think>", false}};
   std::vector<AddedToken> tokens;
   int32_t id = first_id;
-  for (const auto& [content, special] : tokens_and_special) tokens.push_back({id++, content, special});
+  for (const auto& [content, special] : tokens_and_special)
+    tokens.push_back({id++, content, special});
   return tokens;
 }
 
@@ -576,7 +597,8 @@ std::unique_ptr<Tokenizer> load_tiktoken_tokenizer(const std::string& path,
   std::unordered_map<std::string_view, int32_t> rank_of;
   rank_of.reserve(definition.token_bytes.size());
   for (int32_t rank = 0; rank < rank_count; ++rank) {
-    const auto [it, inserted] = rank_of.emplace(definition.token_bytes[static_cast<std::size_t>(rank)], rank);
+    const auto [it, inserted] =
+        rank_of.emplace(definition.token_bytes[static_cast<std::size_t>(rank)], rank);
     if (!inserted) {
       throw Error(path + ":" + std::to_string(line_of_rank[static_cast<std::size_t>(rank)]) +
                   ": duplicate token (already rank " + std::to_string(it->second) + ")");
@@ -617,8 +639,8 @@ std::unique_ptr<Tokenizer> load_tiktoken_tokenizer(const std::string& path,
   }
   if (options.pretokenizer) definition.pretokenizer = *options.pretokenizer;
 
-  // tiktoken merges any adjacent pair whose concatenation is a token, lowest rank first: every split
-  // of every token into two tokens is a merge whose priority is the token's rank.
+  // tiktoken merges any adjacent pair whose concatenation is a token, lowest rank first: every
+  // split of every token into two tokens is a merge whose priority is the token's rank.
   for (int32_t id = 0; id < rank_count; ++id) {
     const std::string_view token = definition.token_bytes[static_cast<std::size_t>(id)];
     for (std::size_t split = 1; split < token.size(); ++split) {
@@ -688,7 +710,8 @@ BpeTokenizer::BpeTokenizer(Definition definition)
     const AddedToken& token = added_tokens_[index];
     const auto first_byte = static_cast<unsigned char>(token.content[0]);
     special_matcher_.by_first_byte[first_byte].push_back(static_cast<int32_t>(index));
-    if (!token.special) always_matcher_.by_first_byte[first_byte].push_back(static_cast<int32_t>(index));
+    if (!token.special)
+      always_matcher_.by_first_byte[first_byte].push_back(static_cast<int32_t>(index));
   }
   for (AddedTokenMatcher* matcher : {&special_matcher_, &always_matcher_}) {
     for (std::vector<int32_t>& candidates : matcher->by_first_byte) {
@@ -715,7 +738,8 @@ int32_t BpeTokenizer::AddedTokenMatcher::find(const std::vector<AddedToken>& tok
   return -1;
 }
 
-std::vector<int32_t> BpeTokenizer::encode(std::string_view text, const EncodeOptions& options) const {
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text,
+                                          const EncodeOptions& options) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 2);
   if (options.add_bos && bos_id_) ids.push_back(*bos_id_);
@@ -769,7 +793,9 @@ void BpeTokenizer::encode_text_run(std::string_view text, WordCache& cache,
     const std::size_t first = ids.size();
     encode_piece(piece, ids);
     if (cache.size() >= kMaxCachedWords) cache.clear();
-    cache.emplace(std::string(piece), std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(first), ids.end()));
+    cache.emplace(
+        std::string(piece),
+        std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(first), ids.end()));
   }
 }
 
@@ -804,8 +830,9 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& id
   const auto size = static_cast<int32_t>(piece.size());
   std::vector<Symbol> symbols(static_cast<std::size_t>(size));
   for (int32_t i = 0; i < size; ++i) {
-    symbols[static_cast<std::size_t>(i)] = {byte_ids_[static_cast<unsigned char>(piece[static_cast<std::size_t>(i)])],
-                                            i - 1, i + 1 < size ? i + 1 : -1};
+    symbols[static_cast<std::size_t>(i)] = {
+        byte_ids_[static_cast<unsigned char>(piece[static_cast<std::size_t>(i)])], i - 1,
+        i + 1 < size ? i + 1 : -1};
   }
   std::vector<Candidate> heap;
   const auto consider = [&](int32_t left) {
@@ -814,7 +841,8 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& id
     if (left_symbol.next < 0) return;
     const int32_t right_id = symbols[static_cast<std::size_t>(left_symbol.next)].id;
     if (const MergeResult* merge = find_merge(left_symbol.id, right_id)) {
-      heap.push_back({merge->priority, left, left_symbol.next, left_symbol.id, right_id, merge->merged});
+      heap.push_back(
+          {merge->priority, left, left_symbol.next, left_symbol.id, right_id, merge->merged});
       std::push_heap(heap.begin(), heap.end(), std::greater<>());
     }
   };

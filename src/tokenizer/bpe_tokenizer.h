@@ -1,17 +1,20 @@
 // Byte-level BPE tokenizers (GPT-2 lineage: Llama 3, Qwen2/Qwen3, DeepSeek-R1 distills) from either
 // of their two on-disk forms:
-//   - Hugging Face tokenizer.json with model.type "BPE", a vocabulary of byte-level strings (GPT-2's
+//   - Hugging Face tokenizer.json with model.type "BPE", a vocabulary of byte-level strings
+//   (GPT-2's
 //     byte-to-unicode mapping) and a merge list; tokenizer_config.json, generation_config.json and
 //     config.json beside it supply the BOS and EOS tokens;
-//   - tiktoken rank files ("base64-token rank" lines), where the rank is the token id and any adjacent
+//   - tiktoken rank files ("base64-token rank" lines), where the rank is the token id and any
+//   adjacent
 //     pair whose concatenation is a token may merge, the lowest-ranked first.
 // Both become one representation: token byte strings plus a pair table (left id, right id) ->
 // (priority, merged id), so encoding is the same code for both and the two forms of one vocabulary
 // give identical ids.
 //
 // Encoding: added tokens are cut out of the text first (non-special added tokens always, special
-// ones when EncodeOptions::parse_special), the rest is NFC-normalised if the file asks for it, split
-// by the pre-tokenizer pattern, and each piece is merged lowest priority first (leftmost on ties).
+// ones when EncodeOptions::parse_special), the rest is NFC-normalised if the file asks for it,
+// split by the pre-tokenizer pattern, and each piece is merged lowest priority first (leftmost on
+// ties).
 #pragma once
 
 #include <cstdint>
@@ -28,8 +31,9 @@
 
 namespace entropyinfer {
 
-// Thrown for a tokenizer.json that is well-formed but not byte-level BPE (e.g. a SentencePiece-style
-// Metaspace BPE or a Unigram model), so that a loader can fall back to a tokenizer.model beside it.
+// Thrown for a tokenizer.json that is well-formed but not byte-level BPE (e.g. a
+// SentencePiece-style Metaspace BPE or a Unigram model), so that a loader can fall back to a
+// tokenizer.model beside it.
 class UnsupportedTokenizerFormat : public Error {
  public:
   using Error::Error;
@@ -47,8 +51,8 @@ struct AddedToken {
 // this implementation does not reproduce exactly.
 std::unique_ptr<Tokenizer> load_hf_bpe_tokenizer(const std::string& path);
 
-// Which known vocabulary a tiktoken rank file holds: it decides the special tokens appended after the
-// ranks, the EOS ids, and the default pre-tokenizer.
+// Which known vocabulary a tiktoken rank file holds: it decides the special tokens appended after
+// the ranks, the EOS ids, and the default pre-tokenizer.
 enum class TiktokenVocabulary {
   kLlama3,  // 128,000 ranks; 256 special tokens from 128000 (<|begin_of_text|>, ... <|eot_id|>)
   kQwen,    // 151,643 ranks; Qwen3's 26 added tokens from 151643 (<|endoftext|>, <|im_start|>, ...)
@@ -56,12 +60,13 @@ enum class TiktokenVocabulary {
 };
 
 struct TiktokenOptions {
-  std::optional<TiktokenVocabulary> vocabulary;   // default: recognised from the number of ranks
+  std::optional<TiktokenVocabulary> vocabulary;     // default: recognised from the number of ranks
   std::optional<PretokenizerPattern> pretokenizer;  // default: the vocabulary's own pattern
 };
 
-// Loads a tiktoken rank file. Throws Error naming the file and line for a malformed line, bad base64,
-// a duplicate token or a rank gap, and for an unrecognised vocabulary without explicit options.
+// Loads a tiktoken rank file. Throws Error naming the file and line for a malformed line, bad
+// base64, a duplicate token or a rank gap, and for an unrecognised vocabulary without explicit
+// options.
 std::unique_ptr<Tokenizer> load_tiktoken_tokenizer(const std::string& path,
                                                    const TiktokenOptions& options = {});
 
@@ -72,8 +77,8 @@ class BpeTokenizer final : public Tokenizer {
  public:
   struct Definition {
     std::vector<std::string> token_bytes;  // by id; an id that is not used holds an empty string
-    // Merge rules: the pair (left, right) becomes `merged`; of the pairs present in a piece, the one
-    // with the lowest priority merges first, the leftmost on ties.
+    // Merge rules: the pair (left, right) becomes `merged`; of the pairs present in a piece, the
+    // one with the lowest priority merges first, the leftmost on ties.
     struct Merge {
       int32_t left;
       int32_t right;
@@ -81,8 +86,8 @@ class BpeTokenizer final : public Tokenizer {
       int32_t priority;
     };
     std::vector<Merge> merges;
-    // A piece that is itself a token is emitted whole without merging (tiktoken always; Hugging Face
-    // when model.ignore_merges is set).
+    // A piece that is itself a token is emitted whole without merging (tiktoken always; Hugging
+    // Face when model.ignore_merges is set).
     bool whole_piece_lookup = false;
     PretokenizerPattern pretokenizer = PretokenizerPattern::kLlama3;
     bool add_prefix_space = false;  // prepend ' ' to each text run that does not start with one
@@ -118,14 +123,16 @@ class BpeTokenizer final : public Tokenizer {
     int32_t priority;
     int32_t merged;
   };
-  // Literal matching of added tokens, leftmost then longest, as Hugging Face's added vocabulary does.
+  // Literal matching of added tokens, leftmost then longest, as Hugging Face's added vocabulary
+  // does.
   struct AddedTokenMatcher {
     std::vector<std::vector<int32_t>> by_first_byte = std::vector<std::vector<int32_t>>(256);
     // Finds the first added token at or after `from`; returns its index in added_tokens_ or -1.
     int32_t find(const std::vector<AddedToken>& tokens, std::string_view text, size_t from,
                  size_t& position) const;
   };
-  using WordCache = std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>>;
+  using WordCache =
+      std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>>;
 
   void encode_text_run(std::string_view text, WordCache& cache, std::vector<int32_t>& ids) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& ids) const;

@@ -18,9 +18,9 @@ constexpr std::string_view kQwen2Regex =
 enum CharClass : std::uint8_t { kLetter, kNumber, kSpace, kNewline, kOther };
 
 struct CodePoints {
-  std::vector<char32_t> values;          // U+FFFD for an invalid byte
+  std::vector<char32_t> values;  // U+FFFD for an invalid byte
   std::vector<CharClass> classes;
-  std::vector<std::size_t> offsets;      // byte offset of each code point, plus one past the end
+  std::vector<std::size_t> offsets;  // byte offset of each code point, plus one past the end
 };
 
 void decode(std::string_view text, CodePoints& out) {
@@ -70,7 +70,9 @@ class Matcher {
   }
 
  private:
-  bool is(std::size_t i, CharClass char_class) const { return i < size_ && classes_[i] == char_class; }
+  bool is(std::size_t i, CharClass char_class) const {
+    return i < size_ && classes_[i] == char_class;
+  }
   bool is_space(std::size_t i) const { return is(i, kSpace) || is(i, kNewline); }
   bool is_char(std::size_t i, char32_t value) const { return i < size_ && values_[i] == value; }
 

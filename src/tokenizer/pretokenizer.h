@@ -1,6 +1,7 @@
-// Pre-tokenization: splitting text into the pieces that byte-level BPE then encodes one by one. Each
-// supported split regex is implemented as a hand-written matcher over code points that reproduces the
-// regex's leftmost-first, backtracking semantics exactly, so the core needs no regex library.
+// Pre-tokenization: splitting text into the pieces that byte-level BPE then encodes one by one.
+// Each supported split regex is implemented as a hand-written matcher over code points that
+// reproduces the regex's leftmost-first, backtracking semantics exactly, so the core needs no regex
+// library.
 #pragma once
 
 #include <optional>

@@ -17,8 +17,8 @@ namespace fs = std::filesystem;
 
 // How many preceding ids the streaming decoder hands to decode() as context. Decoding rules look at
 // most at the previous token (llama2.c: no space after BOS) or at the start of the text
-// (SentencePiece: no dummy-prefix space on the first text token after leading control tokens); a short
-// window covers both while keeping each push O(1).
+// (SentencePiece: no dummy-prefix space on the first text token after leading control tokens); a
+// short window covers both while keeping each push O(1).
 constexpr std::size_t kStreamingContext = 8;
 
 constexpr std::string_view kReplacementCharacter = "\xEF\xBF\xBD";
@@ -28,7 +28,8 @@ bool has_extension(const fs::path& path, std::string_view extension) {
 }
 
 std::unique_ptr<Tokenizer> load_model_file(const fs::path& path) {
-  if (looks_like_sentencepiece_model(path.string())) return load_sentencepiece_tokenizer(path.string());
+  if (looks_like_sentencepiece_model(path.string()))
+    return load_sentencepiece_tokenizer(path.string());
   if (looks_like_tiktoken_file(path.string())) return load_tiktoken_tokenizer(path.string());
   throw Error(path.string() + ": neither a SentencePiece model nor a tiktoken rank file");
 }
@@ -41,7 +42,8 @@ std::unique_ptr<Tokenizer> load_from_folder(const fs::path& folder) {
     try {
       return load_hf_bpe_tokenizer(json_path.string());
     } catch (const UnsupportedTokenizerFormat&) {
-      // e.g. Llama 2's or Mistral's tokenizer.json (Metaspace BPE): its tokenizer.model says the same.
+      // e.g. Llama 2's or Mistral's tokenizer.json (Metaspace BPE): its tokenizer.model says the
+      // same.
       if (!fs::is_regular_file(model_path, error)) throw;
     }
   }
@@ -125,8 +127,9 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   if (has_extension(file, ".bin")) return load_llama2c_tokenizer(path, -1);
   if (looks_like_sentencepiece_model(path)) return load_sentencepiece_tokenizer(path);
   if (looks_like_tiktoken_file(path)) return load_tiktoken_tokenizer(path);
-  throw Error(path + ": not a recognised tokenizer file (tokenizer.json, SentencePiece model, tiktoken "
-                     "ranks or llama2.c tokenizer.bin)");
+  throw Error(path +
+              ": not a recognised tokenizer file (tokenizer.json, SentencePiece model, tiktoken "
+              "ranks or llama2.c tokenizer.bin)");
 }
 
 }  // namespace entropyinfer

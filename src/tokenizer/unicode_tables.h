@@ -25,7 +25,8 @@ struct Decomposition {
   std::uint32_t length;
 };
 
-// first + second compose canonically to composite (primary composites only; sorted by first, second).
+// first + second compose canonically to composite (primary composites only; sorted by first,
+// second).
 struct Composition {
   char32_t first;
   char32_t second;
@@ -37,8 +38,8 @@ extern const CodePointRange kLetterRanges[];  // general category L*
 extern const std::size_t kLetterRangesCount;
 extern const CodePointRange kNumberRanges[];  // general category N*
 extern const std::size_t kNumberRangesCount;
-// Code points that may make NFC change a string (decompose, reorder or compose); text without any of
-// them is already NFC.
+// Code points that may make NFC change a string (decompose, reorder or compose); text without any
+// of them is already NFC.
 extern const CodePointRange kNfcUnstableRanges[];
 extern const std::size_t kNfcUnstableRangesCount;
 extern const CombiningClassRange kCombiningClassRanges[];  // non-zero canonical combining classes

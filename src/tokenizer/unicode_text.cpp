@@ -62,10 +62,12 @@ const tables::Decomposition* find_decomposition(char32_t code_point) {
 }
 
 void decompose(char32_t code_point, std::vector<char32_t>& out) {
-  if (code_point >= kHangulSyllableBase && code_point < kHangulSyllableBase + kHangulSyllableCount) {
+  if (code_point >= kHangulSyllableBase &&
+      code_point < kHangulSyllableBase + kHangulSyllableCount) {
     const char32_t index = code_point - kHangulSyllableBase;
     out.push_back(kHangulLeadBase + index / (kHangulVowelCount * kHangulTrailCount));
-    out.push_back(kHangulVowelBase + (index % (kHangulVowelCount * kHangulTrailCount)) / kHangulTrailCount);
+    out.push_back(kHangulVowelBase +
+                  (index % (kHangulVowelCount * kHangulTrailCount)) / kHangulTrailCount);
     if (index % kHangulTrailCount != 0) out.push_back(kHangulTrailBase + index % kHangulTrailCount);
     return;
   }
@@ -172,7 +174,13 @@ bool is_whitespace(char32_t code_point) {
   // The White_Space property, which is what both Oniguruma and Rust's regex mean by \s.
   if (code_point < 0x80) return code_point == ' ' || (code_point >= 0x09 && code_point <= 0x0D);
   switch (code_point) {
-    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
     case 0x3000:
       return true;
     default:
@@ -201,7 +209,8 @@ bool is_nfc_quick(std::string_view text) {
     // Invalid bytes pass through to_nfc untouched, and everything below U+0300 is a starter that
     // neither decomposes nor composes with what precedes it.
     if (decoded.valid && decoded.code_point >= 0x300 &&
-        in_ranges(tables::kNfcUnstableRanges, tables::kNfcUnstableRangesCount, decoded.code_point)) {
+        in_ranges(tables::kNfcUnstableRanges, tables::kNfcUnstableRangesCount,
+                  decoded.code_point)) {
       return false;
     }
     position += decoded.length;

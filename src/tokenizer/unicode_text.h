@@ -10,11 +10,11 @@
 
 namespace entropyinfer::unicode {
 
-// One step of UTF-8 decoding. An invalid sequence (stray continuation byte, overlong form, surrogate,
-// value past U+10FFFF, truncated sequence) yields valid == false and covers exactly one byte, so that
-// callers can carry the raw byte along instead of losing it.
+// One step of UTF-8 decoding. An invalid sequence (stray continuation byte, overlong form,
+// surrogate, value past U+10FFFF, truncated sequence) yields valid == false and covers exactly one
+// byte, so that callers can carry the raw byte along instead of losing it.
 struct DecodedCodePoint {
-  char32_t code_point;  // U+FFFD when !valid
+  char32_t code_point;   // U+FFFD when !valid
   std::uint32_t length;  // bytes consumed, >= 1
   bool valid;
 };
@@ -35,13 +35,13 @@ struct Utf8Prefix {
 };
 Utf8Prefix classify_utf8_prefix(std::string_view bytes);
 
-bool is_letter(char32_t code_point);      // general category L (\p{L})
-bool is_number(char32_t code_point);      // general category N (\p{N})
-bool is_whitespace(char32_t code_point);  // the White_Space property (regex \s)
+bool is_letter(char32_t code_point);                // general category L (\p{L})
+bool is_number(char32_t code_point);                // general category N (\p{N})
+bool is_whitespace(char32_t code_point);            // the White_Space property (regex \s)
 std::uint8_t combining_class(char32_t code_point);  // canonical combining class, 0 for starters
 
-// True when NFC would leave `text` unchanged for certain (the common case; cheap). False means it may
-// change, not that it will.
+// True when NFC would leave `text` unchanged for certain (the common case; cheap). False means it
+// may change, not that it will.
 bool is_nfc_quick(std::string_view text);
 // Unicode Normalization Form C. Bytes that are not valid UTF-8 pass through unchanged and block
 // composition across them.
