@@ -330,6 +330,13 @@ TEST(BpeTokenizerErrors, MissingFileCorruptJsonAndUnknownPattern) {
             std::string::npos);
 
   root = tiny_tokenizer_json({}, nlohmann::json::array());
+  root["model"]["vocab"]["huge"] = 2000000000;  // would need a 2-billion-entry table
+  write_file(dir / "tokenizer.json", root.dump());
+  EXPECT_NE(
+      error_message_of([&] { load_tokenizer(dir.string()); }).find("\"huge\" has no valid id"),
+      std::string::npos);
+
+  root = tiny_tokenizer_json({}, nlohmann::json::array());
   root["normalizer"] = {{"type", "Lowercase"}};
   write_file(dir / "tokenizer.json", root.dump());
   EXPECT_NE(error_message_of([&] { load_tokenizer(dir.string()); }).find("Lowercase"),

@@ -293,12 +293,16 @@ std::unique_ptr<Tokenizer> build_from_tokenizer_json(const json& root, const std
     throw Error(path + ": missing model.vocab object");
   }
   const json& vocab = model["vocab"];
+  const json& added = root.value("added_tokens", json::array());
+  if (!added.is_array()) throw Error(path + ": added_tokens is not a list");
+  // Ids index a table, so they must be dense-ish: a stray huge id would allocate gigabytes.
+  const auto max_id = static_cast<int64_t>(2 * (vocab.size() + added.size()) + 1024);
   const ByteLevelAlphabet& alphabet = byte_level_alphabet();
   std::unordered_map<std::string, int32_t> id_of_vocab_string;
   id_of_vocab_string.reserve(vocab.size());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-        it.value().get<int64_t>() > INT32_MAX / 2) {
+        it.value().get<int64_t>() > max_id) {
       throw Error(path + ": model.vocab entry \"" + it.key() + "\" has no valid id");
     }
     const auto id = it.value().get<int32_t>();
@@ -349,13 +353,11 @@ std::unique_ptr<Tokenizer> build_from_tokenizer_json(const json& root, const std
   }
 
   // Added tokens.
-  const json& added = root.value("added_tokens", json::array());
-  if (!added.is_array()) throw Error(path + ": added_tokens is not a list");
   for (std::size_t i = 0; i < added.size(); ++i) {
     const json& token = added[i];
     if (!token.is_object() || !token.contains("id") || !token["id"].is_number_integer() ||
         !token.contains("content") || !token["content"].is_string() ||
-        token["id"].get<int64_t>() < 0 || token["id"].get<int64_t>() > INT32_MAX / 2) {
+        token["id"].get<int64_t>() < 0 || token["id"].get<int64_t>() > max_id) {
       throw Error(path + ": added_tokens[" + std::to_string(i) + "] lacks a valid id or content");
     }
     AddedToken added_token;
