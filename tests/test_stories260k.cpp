@@ -103,6 +103,24 @@ TEST(Stories260K, SeededTopPSampleMatchesLlama2c) {
             testing::read_file_bytes(asset_path("stories260K/expected_t1.0_p0.9_s133742.txt")));
 }
 
+TEST(Stories260K, ContinuationKeepsTheSpaceBeforeItsFirstWord) {
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/tok512.bin");
+  const ModelWeights weights = load_model(asset_path("stories260K/stories260K.bin"));
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(asset_path("stories260K/tok512.bin"));
+  EncodeOptions encode;
+  encode.add_bos = true;
+  const std::vector<int32_t> prompt = tokenizer->encode("Once upon a time there", encode);
+  Transformer model(weights);
+  GenerationOptions options;
+  options.max_tokens = 8;
+  const std::string text = generate(model, *tokenizer, prompt, options).text;
+  // The SentencePiece-style leading space is dropped only at the start of a sequence, and a
+  // continuation is not one: printed after the prompt, it must read as separate words.
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text[0], ' ') << "'" << text << "'";
+}
+
 TEST(Stories260K, PromptLongerThanContextIsAnError) {
   ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
   const ModelWeights weights = load_model(asset_path("stories260K/stories260K.bin"));

@@ -52,6 +52,7 @@ GenerationResult generate(Transformer& model, const Tokenizer& tokenizer,
   result.prompt_tokens = static_cast<int>(prompt.size());
   Sampler sampler(options.sampler);
   StreamingDecoder decoder(tokenizer);
+  decoder.prime(std::vector<int32_t>(prompt.begin(), prompt.end()));
   StopStringFilter filter(options.stop_strings);
   auto emit = [&](const std::string& text) {
     if (text.empty()) return;

@@ -68,6 +68,11 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return text;
 }
 
+void StreamingDecoder::prime(const std::vector<int32_t>& context) {
+  const std::size_t keep = std::min<std::size_t>(context.size(), kStreamingContext);
+  recent_ids_.assign(context.end() - static_cast<std::ptrdiff_t>(keep), context.end());
+}
+
 std::string StreamingDecoder::push(int32_t id) {
   // What decode() adds for this id after the ids before it.
   const std::string before = tokenizer_.decode(recent_ids_);

@@ -49,6 +49,9 @@ class Tokenizer {
 class StreamingDecoder {
  public:
   explicit StreamingDecoder(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+  // The ids before the stream (the prompt), so that the first pushed token is decoded as a
+  // continuation: SentencePiece-style tokenizers drop a leading space only at the very start.
+  void prime(const std::vector<int32_t>& context);
   std::string push(int32_t id);
   std::string flush();  // whatever is held back (invalid trailing bytes, as U+FFFD) at the end
 
