@@ -5,14 +5,18 @@
 # write one log, JSON and markdown into $OUT (few files: the device run returns at most 8). Prints a short
 # table last.
 #   OUT            output folder (the device run sets it)
-#   GPU_ROUND      what to run: comma-separated subset of build,tests,attention (default: all of them)
+#   GPU_ROUND      what to run: comma-separated subset of build,tests,attention,model (default: all)
 #   BENCH_LENGTHS  attention lengths (default 8192,32768,131072)
+#   MODEL_PREFILL  whole-model prompt lengths (default 16384,32768,65536,131072)
+#   MODEL_DECODE   whole-model decode contexts (default 32768,131072)
 set -uo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${OUT:?set OUT to the folder that receives logs and results}"
-steps=",${GPU_ROUND:-build,tests,attention},"
+steps=",${GPU_ROUND:-build,tests,attention,model},"
 lengths="${BENCH_LENGTHS:-8192,32768,131072}"
+model_prefill="${MODEL_PREFILL:-16384,32768,65536,131072}"
+model_decode="${MODEL_DECODE:-32768,131072}"
 deps=/tmp/deps
 build="${repo_root}/build-gpu"
 jobs=$(nproc)
@@ -61,19 +65,26 @@ if [[ "${steps}" == *",tests,"* && -x "${build}/entropyinfer_gpu_tests" ]]; then
   # alone, so that everything else is measured even if it hangs.
   timeout -k 10 300 "${build}/entropyinfer_gpu_tests" --gtest_filter='-*Wgmma*' \
     --gtest_output="json:${out}/gpu-tests.json" >> "${log}" 2>&1 || step_failed "GPU tests"
-  timeout -k 10 240 "${build}/entropyinfer_gpu_tests" --gtest_filter='*Wgmma*' \
-    --gtest_output="json:${out}/gpu-tests-wgmma.json" >> "${log}" 2>&1 || step_failed "GPU tests (wgmma)"
+  timeout -k 10 120 "${build}/entropyinfer_gpu_tests" --gtest_filter='*WgmmaSimple*' >> "${log}" 2>&1 ||
+    step_failed "GPU tests (wgmma without overlap)"
+  timeout -k 10 180 "${build}/entropyinfer_gpu_tests" --gtest_filter='*WgmmaPrefill*:*WgmmaAndMma*' \
+    >> "${log}" 2>&1 || step_failed "GPU tests (wgmma)"
   summary+=("GPU tests: $(( $(date +%s) - start )) s")
   sed -n '/==== tests/,$p' "${log}" | grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|Expected|Which is|actual|error" | head -60
 fi
 
 if [[ "${steps}" == *",attention,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
   section attention
-  kernels=wgmma,mma
+  # A kernel variant that failed or hung in the tests is not measured.
   tests_log=$(sed -n '/==== tests/,$p' "${log}")
   last_test=$(grep -E '^\[ RUN|^\[       OK|^\[  FAILED' <<< "${tests_log}" | tail -1)
-  if grep -q "FAILED.*Wgmma" <<< "${tests_log}" || [[ "${last_test}" == *RUN*Wgmma* ]]; then
-    kernels=mma  # the wgmma kernel failed or hung in the tests: measure the other one only
+  kernels=mma
+  if ! grep -q "FAILED.*WgmmaSimple" <<< "${tests_log}" && [[ "${last_test}" != *RUN*WgmmaSimple* ]]; then
+    kernels="wgmma_simple,${kernels}"
+  fi
+  if ! grep -qE "FAILED.*(WgmmaPrefill|WgmmaAndMma)" <<< "${tests_log}" &&
+     [[ "${last_test}" != *RUN*WgmmaPrefill* && "${last_test}" != *RUN*WgmmaAndMma* ]]; then
+    kernels="wgmma,${kernels}"
   fi
   timeout -k 10 300 "${build}/entropyinfer_gpu_bench" attention --lengths "${lengths}" --kernels "${kernels}" \
     --json "${out}/attention-ours.json" \
@@ -84,11 +95,30 @@ if [[ "${steps}" == *",attention,"* && -x "${build}/entropyinfer_gpu_bench" ]]; 
     python3 "${repo_root}/bench/gpu/attention_report.py" --ours "${out}/attention-ours.json" \
       --sdpa "${out}/attention-sdpa.json" --date "$(date -u +%Y-%m-%d)" \
       --command "GPU_ROUND=${GPU_ROUND:-build,tests,attention} BENCH_LENGTHS=${lengths} scripts/gpu_round.sh" \
-      --json "${out}/attention.json" --markdown "${out}/attention.md" > /dev/null
+      --json "${out}/attention.json" --markdown "${out}/attention.md" > /dev/null &&
+      rm -f "${out}/attention-ours.json" "${out}/attention-sdpa.json"  # merged into attention.json
+  fi
+fi
+
+if [[ "${steps}" == *",model,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
+  section model
+  timeout -k 10 240 "${build}/entropyinfer_gpu_bench" model --prefill "${model_prefill}" \
+    --decode-contexts "${model_decode}" --json "${out}/model-ours.json" 2>&1 | tee -a "${log}" ||
+    step_failed "model benchmark"
+  timeout -k 10 300 python3 "${repo_root}/bench/gpu/hf_reference.py" --prefill "${model_prefill}" \
+    --decode-contexts "${model_decode}" --json "${out}/model-hf.json" 2>&1 | tee -a "${log}" ||
+    step_failed "transformers reference"
+  if [[ -f "${out}/model-ours.json" ]]; then
+    python3 "${repo_root}/bench/gpu/model_report.py" --ours "${out}/model-ours.json" --hf "${out}/model-hf.json" \
+      --date "$(date -u +%Y-%m-%d)" \
+      --command "GPU_ROUND=${GPU_ROUND:-build,tests,attention,model} MODEL_PREFILL=${model_prefill} MODEL_DECODE=${model_decode} scripts/gpu_round.sh" \
+      --json "${out}/model.json" --markdown "${out}/model.md" > /dev/null
+    rm -f "${out}/model-ours.json" "${out}/model-hf.json"  # merged into model.json
   fi
 fi
 
 echo
 printf '%s\n' "${summary[@]}" | tee -a "${log}"
 [[ -f "${out}/attention.md" ]] && cat "${out}/attention.md"
+[[ -f "${out}/model.md" ]] && cat "${out}/model.md"
 exit "${status}"

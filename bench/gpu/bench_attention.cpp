@@ -18,7 +18,7 @@ int run_attention_bench(int argc, char** argv) {
   std::vector<int64_t> lengths = {8192, 32768, 131072};
   int64_t q_heads = 32, kv_heads = 8, head_dim = 128;
   std::string json_path;
-  std::string kernel_names = "wgmma,mma";
+  std::string kernel_names = "wgmma,wgmma_simple,mma";
   for (int i = 0; i < argc; ++i) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) throw std::runtime_error("flag " + flag + " needs a value");
@@ -55,6 +55,9 @@ int run_attention_bench(int argc, char** argv) {
   const std::string listed = "," + kernel_names + ",";
   if (listed.find(",wgmma,") != std::string::npos && cuda::wgmma_attention_available()) {
     kernels.emplace_back("wgmma", cuda::FlashKernel::kWgmma);
+  }
+  if (listed.find(",wgmma_simple,") != std::string::npos && cuda::wgmma_attention_available()) {
+    kernels.emplace_back("wgmma_simple", cuda::FlashKernel::kWgmmaSimple);
   }
   if (listed.find(",mma,") != std::string::npos)
     kernels.emplace_back("mma", cuda::FlashKernel::kMma);

@@ -87,5 +87,6 @@ inline std::vector<int64_t> parse_list(const std::string& text) {
 }
 
 int run_attention_bench(int argc, char** argv);
+int run_model_bench(int argc, char** argv);
 
 }  // namespace entropyinfer::bench

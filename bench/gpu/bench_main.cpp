@@ -1,5 +1,6 @@
 // entropyinfer_gpu_bench: GPU benchmarks. Subcommands:
 //   attention  prefill kernels' TFLOP/s (causal) and split-KV decode bandwidth at several lengths
+//   model      whole-model prefill and decode of a random-weight model of a real shape
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -10,7 +11,12 @@ int main(int argc, char** argv) {
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0) {
     std::cerr
         << "usage: entropyinfer_gpu_bench attention [--lengths 8192,32768,131072] [--q-heads 32]\n"
-           "         [--kv-heads 8] [--head-dim 128] [--kernels wgmma,mma] [--json PATH]\n";
+           "         [--kv-heads 8] [--head-dim 128] [--kernels wgmma,wgmma_simple,mma] [--json "
+           "PATH]\n"
+           "       entropyinfer_gpu_bench model [--shape llama-3.1-8b] [--prefill "
+           "16384,32768,65536,131072]\n"
+           "         [--decode-contexts 32768,131072] [--decode-tokens 32] [--chunk 4096] [--json "
+           "PATH]\n";
     return argc < 2 ? 2 : 0;
   }
   try {
@@ -18,8 +24,11 @@ int main(int argc, char** argv) {
       std::cerr << "error: no CUDA device\n";
       return 1;
     }
-    if (std::strcmp(argv[1], "attention") == 0)
+    if (std::strcmp(argv[1], "attention") == 0) {
       return entropyinfer::bench::run_attention_bench(argc - 2, argv + 2);
+    }
+    if (std::strcmp(argv[1], "model") == 0)
+      return entropyinfer::bench::run_model_bench(argc - 2, argv + 2);
     std::cerr << "error: unknown benchmark '" << argv[1] << "'\n";
     return 2;
   } catch (const std::exception& error) {

@@ -37,7 +37,7 @@ std::string describe(const Case& c) {
          std::to_string(c.first_position);
 }
 
-enum class Mode { kPrefillMma, kPrefillWgmma, kDecode };
+enum class Mode { kPrefillMma, kPrefillWgmma, kPrefillWgmmaSimple, kDecode };
 
 // Runs one case on the GPU and the CPU; returns {gpu, cpu} outputs as [tokens][q_heads][head_dim].
 void run_case(const Case& c, Mode mode, int splits, uint32_t seed) {
@@ -87,9 +87,12 @@ void run_case(const Case& c, Mode mode, int splits, uint32_t seed) {
     cuda::flash_decode(q_gpu.data(), k_gpu.data(), v_gpu.data(), shape, out_gpu.data(),
                        workspace.data(), workspace.size(), nullptr, resolved);
   } else {
-    cuda::flash_prefill(
-        q_gpu.data(), k_gpu.data(), v_gpu.data(), shape, out_gpu.data(), nullptr,
-        mode == Mode::kPrefillMma ? cuda::FlashKernel::kMma : cuda::FlashKernel::kWgmma);
+    const cuda::FlashKernel kernel = mode == Mode::kPrefillMma ? cuda::FlashKernel::kMma
+                                     : mode == Mode::kPrefillWgmma
+                                         ? cuda::FlashKernel::kWgmma
+                                         : cuda::FlashKernel::kWgmmaSimple;
+    cuda::flash_prefill(q_gpu.data(), k_gpu.data(), v_gpu.data(), shape, out_gpu.data(), nullptr,
+                        kernel);
   }
   cuda::check(cudaDeviceSynchronize(), "attention kernel");
   const auto out_rows = gpu_test::download_bf16(out_gpu);
@@ -123,6 +126,15 @@ TEST(CudaAttention, WgmmaPrefillMatchesCpuReference) {
     GTEST_SKIP() << "the wgmma kernel needs an sm_90a build on a Hopper GPU";
   uint32_t seed = 200;
   for (const Case& c : kPrefillCases) run_case(c, Mode::kPrefillWgmma, 0, seed += 3);
+}
+
+TEST(CudaAttention, WgmmaSimplePrefillMatchesCpuReference) {
+  ENTROPYINFER_REQUIRE_GPU();
+  if (!cuda::wgmma_attention_available()) {
+    GTEST_SKIP() << "the wgmma kernel needs an sm_90a build on a Hopper GPU";
+  }
+  uint32_t seed = 500;
+  for (const Case& c : kPrefillCases) run_case(c, Mode::kPrefillWgmmaSimple, 0, seed += 3);
 }
 
 TEST(CudaAttention, SplitKvDecodeMatchesCpuReference) {

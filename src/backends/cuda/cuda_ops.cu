@@ -84,12 +84,17 @@ __global__ void add_kernel(float* x, const float* y, int64_t count) {
   if (i < count) x[i] += y[i];
 }
 
-__global__ void add_bias_kernel(bf16* y, const float* bias, int64_t rows, int64_t width,
+template <typename T>
+__global__ void add_bias_kernel(T* y, const float* bias, int64_t rows, int64_t width,
                                 int64_t stride) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * width) return;
-  bf16* element = y + (i / width) * stride + i % width;
-  *element = __float2bfloat16(__bfloat162float(*element) + bias[i % width]);
+  T* element = y + (i / width) * stride + i % width;
+  if constexpr (std::is_same_v<T, float>) {
+    *element += bias[i % width];
+  } else {
+    *element = __float2bfloat16(__bfloat162float(*element) + bias[i % width]);
+  }
 }
 
 __global__ void swiglu_kernel(const bf16* gate, const bf16* up, int64_t rows, int64_t width,
@@ -351,8 +356,16 @@ void add_inplace(float* x, const float* y, int64_t count, cudaStream_t stream) {
 void add_bias(bf16* y, const float* bias, int64_t rows, int64_t width, int64_t stride,
               cudaStream_t stream) {
   if (rows * width == 0) return;
-  add_bias_kernel<<<blocks_for(rows * width, kThreads), kThreads, 0, stream>>>(y, bias, rows, width,
-                                                                               stride);
+  add_bias_kernel<bf16>
+      <<<blocks_for(rows * width, kThreads), kThreads, 0, stream>>>(y, bias, rows, width, stride);
+  check_launch("add_bias");
+}
+
+void add_bias(float* y, const float* bias, int64_t rows, int64_t width, int64_t stride,
+              cudaStream_t stream) {
+  if (rows * width == 0) return;
+  add_bias_kernel<float>
+      <<<blocks_for(rows * width, kThreads), kThreads, 0, stream>>>(y, bias, rows, width, stride);
   check_launch("add_bias");
 }
 

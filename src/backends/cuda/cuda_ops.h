@@ -63,6 +63,8 @@ void add_inplace(float* x, const float* y, int64_t count, cudaStream_t stream);
 // y[t][o] += bias[o] for rows of `width` that are `stride` elements apart.
 void add_bias(bf16* y, const float* bias, int64_t rows, int64_t width, int64_t stride,
               cudaStream_t stream);
+void add_bias(float* y, const float* bias, int64_t rows, int64_t width, int64_t stride,
+              cudaStream_t stream);
 
 // out[t][i] = silu(gate[t][i]) * up[t][i]; gate and up rows are in_stride elements apart (they may
 // be the two halves of one fused [gate | up] product), out rows are width apart.

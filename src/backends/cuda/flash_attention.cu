@@ -12,11 +12,14 @@ namespace {
 
 using detail::FlashParams;
 
-constexpr int kMmaBlockN = 64;  // keys per K/V tile
+// Prefill: 4 warps of 16 rows on 64-key tiles. Decode: one warp per (KV head, split) on 32-key
+// tiles, so that six such blocks fit a multiprocessor and keep enough loads in flight.
 constexpr int kPrefillWarps = 4;
+constexpr int kPrefillBlockN = 64;
 constexpr int kDecodeWarps = 1;
+constexpr int kDecodeBlockN = 32;
 
-template <int kHeadDim, int kWarps>
+template <int kHeadDim, int kWarps, int kMmaBlockN>
 struct MmaTile {
   static constexpr int kBlockM = 16 * kWarps;
   static constexpr int kThreads = 32 * kWarps;
@@ -34,9 +37,9 @@ __device__ __forceinline__ uint32_t swizzled(uint32_t tile, int row, int chunk) 
   return tile + row * (kHeadDim * 2) + ((chunk ^ (row & 7)) << 4);
 }
 
-template <int kHeadDim, int kWarps>
+template <int kHeadDim, int kWarps, int kMmaBlockN>
 __global__ void __launch_bounds__(32 * kWarps) flash_mma_kernel(const FlashParams p) {
-  using Tile = MmaTile<kHeadDim, kWarps>;
+  using Tile = MmaTile<kHeadDim, kWarps, kMmaBlockN>;
   constexpr int kBlockM = Tile::kBlockM, kChunks = Tile::kChunks, kThreads = Tile::kThreads;
   constexpr int kTilesN = kMmaBlockN / 8;  // 8-key column tiles of S
   constexpr int kTilesD = kHeadDim / 8;    // 8-wide column tiles of O
@@ -263,23 +266,46 @@ __global__ void merge_splits_kernel(const FlashParams p, int head_dim) {
   }
 }
 
-template <int kHeadDim, int kWarps>
-void launch_mma(const FlashParams& params, cudaStream_t stream) {
-  using Tile = MmaTile<kHeadDim, kWarps>;
+template <int kHeadDim, int kWarps, int kBlockN>
+void configure_mma() {
   static const bool configured = [] {
-    check(cudaFuncSetAttribute(flash_mma_kernel<kHeadDim, kWarps>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes),
+    check(cudaFuncSetAttribute(flash_mma_kernel<kHeadDim, kWarps, kBlockN>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               MmaTile<kHeadDim, kWarps, kBlockN>::kSharedBytes),
           "cudaFuncSetAttribute(flash_mma_kernel)");
     return true;
   }();
   (void)configured;
+}
+
+// Blocks of the decode kernel that fit one multiprocessor at once.
+template <int kHeadDim>
+int decode_blocks_per_multiprocessor() {
+  static const int blocks = [] {
+    configure_mma<kHeadDim, kDecodeWarps, kDecodeBlockN>();
+    int count = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+              &count, flash_mma_kernel<kHeadDim, kDecodeWarps, kDecodeBlockN>, 32 * kDecodeWarps,
+              MmaTile<kHeadDim, kDecodeWarps, kDecodeBlockN>::kSharedBytes),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    return std::max(1, count);
+  }();
+  return blocks;
+}
+
+template <int kHeadDim, int kWarps, int kBlockN>
+void launch_mma(const FlashParams& params, cudaStream_t stream) {
+  using Tile = MmaTile<kHeadDim, kWarps, kBlockN>;
+  configure_mma<kHeadDim, kWarps, kBlockN>();
   const int64_t row_blocks =
       (static_cast<int64_t>(params.rows) + Tile::kBlockM - 1) / Tile::kBlockM;
-  if (row_blocks > 65535)
+  if (row_blocks > 65535) {
     throw Error("attention: too many query rows for one launch (" + std::to_string(params.rows) +
                 ")");
+  }
   const dim3 grid(params.kv_heads, static_cast<unsigned>(row_blocks), params.splits);
-  flash_mma_kernel<kHeadDim, kWarps><<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(params);
+  flash_mma_kernel<kHeadDim, kWarps, kBlockN>
+      <<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(params);
   check_launch("flash_mma_kernel");
 }
 
@@ -340,31 +366,38 @@ void flash_prefill(const bf16* q, const bf16* key_cache, const bf16* value_cache
   const FlashParams params = make_params(q, key_cache, value_cache, shape, out);
   if (kernel == FlashKernel::kAuto)
     kernel = wgmma_attention_available() ? FlashKernel::kWgmma : FlashKernel::kMma;
-  if (kernel == FlashKernel::kWgmma) {
+  if (kernel == FlashKernel::kWgmma || kernel == FlashKernel::kWgmmaSimple) {
     if (!wgmma_attention_available()) {
       throw Error("attention: the wgmma kernel needs a Hopper GPU and a build for sm_90a");
     }
-    detail::launch_wgmma_prefill(params, static_cast<int>(shape.head_dim), stream);
+    detail::launch_wgmma_prefill(params, static_cast<int>(shape.head_dim),
+                                 kernel == FlashKernel::kWgmma, stream);
     return;
   }
   if (shape.head_dim == 128) {
-    launch_mma<128, kPrefillWarps>(params, stream);
+    launch_mma<128, kPrefillWarps, kPrefillBlockN>(params, stream);
   } else {
-    launch_mma<64, kPrefillWarps>(params, stream);
+    launch_mma<64, kPrefillWarps, kPrefillBlockN>(params, stream);
   }
 }
 
 int flash_decode_splits(const FlashShape& shape, int requested_splits) {
   const int64_t group = shape.kv_heads > 0 ? shape.q_heads / shape.kv_heads : 1;
   const int64_t row_blocks = (shape.tokens * group + 16 * kDecodeWarps - 1) / (16 * kDecodeWarps);
-  const int64_t key_blocks = (shape.first_position + shape.tokens + kMmaBlockN - 1) / kMmaBlockN;
+  const int64_t key_blocks =
+      (shape.first_position + shape.tokens + kDecodeBlockN - 1) / kDecodeBlockN;
   int64_t splits = requested_splits;
   if (splits <= 0) {
-    // Enough blocks for four per multiprocessor, each split keeping at least four key tiles.
-    static const int multiprocessors = device_count() > 0 ? multiprocessor_count() : 132;
+    // As many splits as fill every multiprocessor exactly once (a second, partial wave would cost
+    // as long as a full one), each split keeping at least two key tiles.
+    const int per_multiprocessor = device_count() == 0    ? 1
+                                   : shape.head_dim == 64 ? decode_blocks_per_multiprocessor<64>()
+                                                          : decode_blocks_per_multiprocessor<128>();
+    static const int multiprocessors = device_count() > 0 ? multiprocessor_count() : 1;
     const int64_t base = std::max<int64_t>(1, shape.kv_heads * row_blocks);
-    splits = (4 * multiprocessors + base - 1) / base;
-    splits = std::min<int64_t>(splits, std::max<int64_t>(1, key_blocks / 4));
+    splits =
+        std::max<int64_t>(1, static_cast<int64_t>(per_multiprocessor) * multiprocessors / base);
+    splits = std::min<int64_t>(splits, std::max<int64_t>(1, key_blocks / 2));
   }
   splits =
       std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, std::min<int64_t>(key_blocks, 65535)));
@@ -395,9 +428,9 @@ void flash_decode(const bf16* q, const bf16* key_cache, const bf16* value_cache,
         workspace + static_cast<size_t>(splits) * shape.tokens * shape.q_heads * shape.head_dim;
   }
   if (shape.head_dim == 128) {
-    launch_mma<128, kDecodeWarps>(params, stream);
+    launch_mma<128, kDecodeWarps, kDecodeBlockN>(params, stream);
   } else {
-    launch_mma<64, kDecodeWarps>(params, stream);
+    launch_mma<64, kDecodeWarps, kDecodeBlockN>(params, stream);
   }
   if (splits > 1) {
     const int64_t rows = shape.tokens * shape.q_heads;

@@ -15,7 +15,10 @@
 //   kMma:   FlashAttention-2 style, mma.sync m16n8k16 tensor-core instructions (sm_80 and later),
 //           4 warps x 16 rows, K/V tiles of 64 keys double-buffered with cp.async.
 //   kWgmma: Hopper (sm_90a): two consumer warpgroups of 64 rows issue wgmma on 128-key tiles that a
-//           producer warp streams into 128-byte-swizzled shared memory (cp.async, named barriers).
+//           producer warp streams into 128-byte-swizzled shared memory (cp.async, named barriers);
+//           each warpgroup overlaps its softmax with its next matrix products.
+//   kWgmmaSimple: the same without that overlap (each step waits for its products), kept as the
+//           reference the overlapped schedule is tested and measured against.
 // Decode: split-KV flash-decoding; each split writes fp32 partial outputs and their log-sum-exp,
 // and a second kernel merges the splits.
 #pragma once
@@ -38,7 +41,7 @@ struct FlashShape {
   float scale = 0.0f;            // 0 means 1 / sqrt(head_dim)
 };
 
-enum class FlashKernel { kAuto, kMma, kWgmma };
+enum class FlashKernel { kAuto, kMma, kWgmma, kWgmmaSimple };
 
 // True when the library holds the sm_90a kernel and the current device can run it.
 bool wgmma_attention_available();

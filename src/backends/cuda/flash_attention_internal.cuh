@@ -32,7 +32,8 @@ struct FlashParams {
 };
 
 // Launches the sm_90a kernel; defined in flash_attention_wgmma.cu.
-void launch_wgmma_prefill(const FlashParams& params, int head_dim, cudaStream_t stream);
+void launch_wgmma_prefill(const FlashParams& params, int head_dim, bool pipelined,
+                          cudaStream_t stream);
 bool wgmma_kernel_compiled();
 
 // ------------------------------------------------------------------------------------------------

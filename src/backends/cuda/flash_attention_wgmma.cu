@@ -16,7 +16,11 @@ namespace {
 constexpr int kBlockM = 128;  // query rows per CTA: two warpgroups of 64
 constexpr int kBlockN = 128;  // keys per tile
 constexpr int kConsumerThreads = 256;
-constexpr int kThreads = kConsumerThreads + 32;  // + one producer warp
+constexpr int kProducerThreads = 128;  // a whole warpgroup, so that it can give its registers away
+constexpr int kThreads = kConsumerThreads + kProducerThreads;
+// 128 * 40 + 256 * 232 <= 65536 registers of a multiprocessor.
+constexpr int kProducerRegisters = 40;
+constexpr int kConsumerRegisters = 232;
 constexpr int kStages = 3;
 
 template <int kHeadDim>
@@ -65,8 +69,9 @@ __device__ __forceinline__ void wgmma_fence() {
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 
 // Keeps the compiler from moving reads or writes of accumulator registers across the asynchronous
@@ -144,9 +149,69 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float (&d)[32], const uint
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
-#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+template <int kCount>
+__device__ __forceinline__ void fence_fragments(uint32_t (&registers)[kCount][4]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    asm volatile(""
+                 : "+r"(registers[i][0]), "+r"(registers[i][1]), "+r"(registers[i][2]),
+                   "+r"(registers[i][3])::"memory");
+  }
+}
 
 template <int kHeadDim>
+__device__ __forceinline__ void producer_loop(const FlashParams& p, uint32_t stage_tiles,
+                                              int kv_head, int blocks, int max_position) {
+  using Layout = WgmmaLayout<kHeadDim>;
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kRowsPerPass =
+      kProducerThreads / kChunks;  // rows one pass of 16-byte copies covers
+  const int producer = threadIdx.x - kConsumerThreads;
+  const int lane_row = producer / kChunks, chunk = producer % kChunks;
+  const int64_t head_offset = static_cast<int64_t>(kv_head) * p.cache_stride * kHeadDim;
+  const bf16* k_thread = p.k + head_offset + lane_row * kHeadDim + chunk * 8;
+  const bf16* v_thread = p.v + head_offset + lane_row * kHeadDim + chunk * 8;
+  // Passes advance by a multiple of 8 rows, so this thread's swizzled column never changes.
+  const uint32_t thread_offset =
+      (chunk >> 3) * kBlockN * 128 + lane_row * 128 + (((chunk & 7) ^ (lane_row & 7)) << 4);
+  for (int block = 0; block < blocks; ++block) {
+    const int stage = block % kStages;
+    if (block >= kStages) named_barrier_sync(Layout::kEmptyBarrier + stage, kThreads);
+    const uint32_t k_tile = stage_tiles + stage * Layout::kStageBytes + thread_offset;
+    const uint32_t v_tile = k_tile + Layout::kTileBytes;
+    const int64_t block_offset = static_cast<int64_t>(block) * kBlockN * kHeadDim;
+    const bool whole = (block + 1) * kBlockN - 1 <= max_position;
+#pragma unroll 4  // fully unrolled, the addresses would not fit the producer's few registers
+    for (int pass = 0; pass < kBlockN / kRowsPerPass; ++pass) {
+      const uint32_t offset = pass * kRowsPerPass * 128;
+      const int64_t source = block_offset + static_cast<int64_t>(pass) * kRowsPerPass * kHeadDim;
+      // Keys past the last position are masked; zero-filled so that 0 * V stays finite.
+      const bool valid = whole || block * kBlockN + pass * kRowsPerPass + lane_row <= max_position;
+      cp_async_16(k_tile + offset, valid ? k_thread + source : p.k, valid ? 16 : 0);
+      cp_async_16(v_tile + offset, valid ? v_thread + source : p.v, valid ? 16 : 0);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();
+    named_barrier_arrive(Layout::kFullBarrier + stage, kThreads);
+  }
+}
+
+// Hands registers from the producer warpgroup (which needs few) to the consumers (which hold S, P
+// and O).
+__device__ __forceinline__ void producer_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+}
+__device__ __forceinline__ void consumer_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// kPipelined: each warpgroup issues S(j+1) = Q K(j+1)^T and O += P(j) V(j) before the softmax of
+// S(j+1), so that the softmax runs while the tensor cores work (FlashAttention-3's intra-warpgroup
+// overlap); otherwise each step waits for its own products.
+template <int kHeadDim, bool kPipelined>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Layout = WgmmaLayout<kHeadDim>;
@@ -166,35 +231,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashPar
   const int blocks = (max_position + kBlockN) / kBlockN;
 
   if (threadIdx.x >= kConsumerThreads) {
-    // Producer warp: fill stage after stage once both warpgroups have released it.
-    const int lane = threadIdx.x % 32;
-    const bf16* k_head = p.k + static_cast<int64_t>(kv_head) * p.cache_stride * kHeadDim;
-    const bf16* v_head = p.v + static_cast<int64_t>(kv_head) * p.cache_stride * kHeadDim;
-    for (int block = 0; block < blocks; ++block) {
-      const int stage = block % kStages;
-      if (block >= kStages) named_barrier_sync(Layout::kEmptyBarrier + stage, kThreads);
-      const uint32_t k_tile = stage_tiles + stage * Layout::kStageBytes;
-      const uint32_t v_tile = k_tile + Layout::kTileBytes;
-      for (int index = lane; index < kBlockN * kChunks; index += 32) {
-        const int r = index / kChunks, c = index % kChunks;
-        const int key = block * kBlockN + r;
-        const bool valid = key <= max_position;  // later keys are masked; zeros keep 0 * V finite
-        const int64_t offset = static_cast<int64_t>(valid ? key : 0) * kHeadDim + c * 8;
-        cp_async_16(k_tile + sw128_offset(r, c, kBlockN), k_head + offset, valid ? 16 : 0);
-        cp_async_16(v_tile + sw128_offset(r, c, kBlockN), v_head + offset, valid ? 16 : 0);
-      }
-      cp_async_commit();
-      cp_async_wait<0>();
-      fence_proxy_async();
-      named_barrier_arrive(Layout::kFullBarrier + stage, kThreads);
-    }
+    producer_registers();
+    producer_loop<kHeadDim>(p, stage_tiles, kv_head, blocks, max_position);
     return;
   }
+  consumer_registers();
 
   const int warpgroup = threadIdx.x / 128;
   const int thread_in_group = threadIdx.x % 128;
   const int warp_in_group = thread_in_group / 32;
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int lane = threadIdx.x % 32, t = lane % 4;
 
   for (int index = thread_in_group; index < 64 * kChunks; index += 128) {
     const int r = warpgroup * 64 + index / kChunks, c = index % kChunks;
@@ -210,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashPar
   fence_proxy_async();
   named_barrier_sync(Layout::kQueryBarrier + warpgroup, 128);
 
-  const int row_a = row0 + warpgroup * 64 + warp_in_group * 16 + g, row_b = row_a + 8;
+  const int row_a = row0 + warpgroup * 64 + warp_in_group * 16 + lane / 4, row_b = row_a + 8;
   const int position_a = p.first_position + row_a / group;
   const int position_b = p.first_position + row_b / group;
   const uint32_t q_rows = q_tile + warpgroup * 64 * 128;
@@ -219,14 +265,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashPar
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
   float s[kBlockN / 2];
+  uint32_t pa[kBlockN / 16][4];
   float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
+  float rescale_a = 1.0f, rescale_b = 1.0f;
 
-  for (int block = 0; block < blocks; ++block) {
-    const int stage = block % kStages;
-    const uint32_t k_tile = stage_tiles + stage * Layout::kStageBytes;
-    const uint32_t v_tile = k_tile + Layout::kTileBytes;
-    named_barrier_sync(Layout::kFullBarrier + stage, kThreads);
-
+  // S = Q K(block)^T, issued asynchronously once the producer has filled the block's stage.
+  auto issue_scores = [&](int block) {
+    const uint32_t k_tile = stage_tiles + (block % kStages) * Layout::kStageBytes;
+    named_barrier_sync(Layout::kFullBarrier + block % kStages, kThreads);
     fence_registers(s);
     wgmma_fence();
 #pragma unroll
@@ -237,9 +283,34 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashPar
       wgmma_m64n128k16_ss(s, a, b, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
-    wgmma_wait_all();
-    fence_registers(s);
-
+  };
+  // O += P V(block), asynchronously.
+  auto issue_values = [&](int block) {
+    const uint32_t v_tile =
+        stage_tiles + (block % kStages) * Layout::kStageBytes + Layout::kTileBytes;
+    fence_registers(o);
+    fence_fragments(pa);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      // Keys 16kk.. of V: 8-key groups 1024 bytes apart, 64-column blocks kBlockN * 128 bytes
+      // apart.
+      const uint64_t b = sw128_descriptor(v_tile + kk * 16 * 128, kBlockN * 128, 1024);
+      if constexpr (kHeadDim == 128) {
+        wgmma_m64n128k16_rs_tb(o, pa[kk], b);
+      } else {
+        wgmma_m64n64k16_rs_tb(o, pa[kk], b);
+      }
+    }
+    wgmma_commit();
+  };
+  auto release = [&](int block) {
+    if (block + kStages < blocks)
+      named_barrier_arrive(Layout::kEmptyBarrier + block % kStages, kThreads);
+  };
+  // Online softmax of S in place: mask, new running maxima, exponentials, sums; the factors that
+  // rescale O are kept for when O is free.
+  auto softmax = [&](int block) {
     if ((block + 1) * kBlockN - 1 > min_position) {  // some key lies past some row's position
 #pragma unroll
       for (int j = 0; j < kTilesN; ++j) {
@@ -260,8 +331,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashPar
     const float new_max_b = fmaxf(max_b, quad_max(block_max_b) * p.scale_log2);
     const float reference_a = new_max_a == -INFINITY ? 0.0f : new_max_a;
     const float reference_b = new_max_b == -INFINITY ? 0.0f : new_max_b;
-    const float rescale_a = fast_exp2(max_a - reference_a);
-    const float rescale_b = fast_exp2(max_b - reference_b);
+    rescale_a = fast_exp2(max_a - reference_a);
+    rescale_b = fast_exp2(max_b - reference_b);
     max_a = new_max_a;
     max_b = new_max_b;
     float block_sum_a = 0.0f, block_sum_b = 0.0f;
@@ -276,6 +347,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashPar
     }
     sum_a = sum_a * rescale_a + block_sum_a;
     sum_b = sum_b * rescale_b + block_sum_b;
+  };
+  // Once no product reads O and P: rescale O, and turn S into the next P (bf16 A fragments).
+  auto rescale_and_pack = [&] {
 #pragma unroll
     for (int i = 0; i < kTilesD; ++i) {
       o[4 * i] *= rescale_a;
@@ -283,7 +357,6 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashPar
       o[4 * i + 2] *= rescale_b;
       o[4 * i + 3] *= rescale_b;
     }
-    uint32_t pa[kBlockN / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       pa[kk][0] = pack_bf16(s[8 * kk], s[8 * kk + 1]);
@@ -291,24 +364,43 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashPar
       pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
       pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
     }
+  };
 
-    fence_registers(o);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      // Keys 16kk.. of V: 8-key groups 1024 bytes apart, 64-column blocks kBlockN * 128 bytes
-      // apart.
-      const uint64_t b = sw128_descriptor(v_tile + kk * 16 * 128, kBlockN * 128, 1024);
-      if constexpr (kHeadDim == 128) {
-        wgmma_m64n128k16_rs_tb(o, pa[kk], b);
-      } else {
-        wgmma_m64n64k16_rs_tb(o, pa[kk], b);
-      }
+  if constexpr (kPipelined) {
+    issue_scores(0);
+    wgmma_wait<0>();
+    fence_registers(s);
+    softmax(0);
+    rescale_and_pack();
+    for (int block = 1; block < blocks; ++block) {
+      issue_scores(block);
+      issue_values(block - 1);
+      wgmma_wait<1>();  // the scores are in; P V of the previous block may still run
+      fence_registers(s);
+      softmax(block);
+      wgmma_wait<0>();
+      fence_registers(o);
+      fence_fragments(pa);
+      release(block - 1);
+      rescale_and_pack();
     }
-    wgmma_commit();
-    wgmma_wait_all();
+    issue_values(blocks - 1);
+    wgmma_wait<0>();
     fence_registers(o);
-    if (block + kStages < blocks) named_barrier_arrive(Layout::kEmptyBarrier + stage, kThreads);
+    fence_fragments(pa);
+  } else {
+    for (int block = 0; block < blocks; ++block) {
+      issue_scores(block);
+      wgmma_wait<0>();
+      fence_registers(s);
+      softmax(block);
+      rescale_and_pack();
+      issue_values(block);
+      wgmma_wait<0>();
+      fence_registers(o);
+      fence_fragments(pa);
+      release(block);
+    }
   }
 
   sum_a = quad_sum(sum_a);
@@ -330,11 +422,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashPar
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-template <int kHeadDim>
+template <int kHeadDim, bool kPipelined>
 void launch(const FlashParams& params, cudaStream_t stream) {
   using Layout = WgmmaLayout<kHeadDim>;
   static const bool configured = [] {
-    check(cudaFuncSetAttribute(flash_wgmma_kernel<kHeadDim>,
+    check(cudaFuncSetAttribute(flash_wgmma_kernel<kHeadDim, kPipelined>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kSharedBytes),
           "cudaFuncSetAttribute(flash_wgmma_kernel)");
     return true;
@@ -346,7 +438,8 @@ void launch(const FlashParams& params, cudaStream_t stream) {
                 ")");
   }
   const dim3 grid(params.kv_heads, static_cast<unsigned>(row_blocks));
-  flash_wgmma_kernel<kHeadDim><<<grid, kThreads, Layout::kSharedBytes, stream>>>(params);
+  flash_wgmma_kernel<kHeadDim, kPipelined>
+      <<<grid, kThreads, Layout::kSharedBytes, stream>>>(params);
   check_launch("flash_wgmma_kernel");
 }
 
@@ -360,11 +453,12 @@ bool wgmma_kernel_compiled() {
 #endif
 }
 
-void launch_wgmma_prefill(const FlashParams& params, int head_dim, cudaStream_t stream) {
+void launch_wgmma_prefill(const FlashParams& params, int head_dim, bool pipelined,
+                          cudaStream_t stream) {
   if (head_dim == 128) {
-    launch<128>(params, stream);
+    pipelined ? launch<128, true>(params, stream) : launch<128, false>(params, stream);
   } else {
-    launch<64>(params, stream);
+    pipelined ? launch<64, true>(params, stream) : launch<64, false>(params, stream);
   }
 }
 

@@ -1,0 +1,171 @@
+// Whole-model speed of the CUDA transformer on a model of a real shape with random weights (bf16,
+// batch 1): prefill seconds and prompt tokens/s at each prompt length, decode ms/token at each
+// context with its memory-bandwidth floor (weight bytes read per token plus the K/V bytes, over the
+// device copy bandwidth measured in the same run), and the GPU memory in use.
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+#include "backends/cuda/cuda_transformer.h"
+#include "bench_common.h"
+
+namespace entropyinfer::bench {
+namespace {
+
+ModelConfig shape_config(const std::string& name) {
+  ModelConfig config;
+  if (name != "llama-3.1-8b")
+    throw std::runtime_error("unknown model shape '" + name + "' (known: llama-3.1-8b)");
+  config.architecture = "LlamaForCausalLM";
+  config.hidden_size = 4096;
+  config.intermediate_size = 14336;
+  config.num_layers = 32;
+  config.num_heads = 32;
+  config.num_kv_heads = 8;
+  config.head_dim = 128;
+  config.vocab_size = 128256;
+  config.max_position_embeddings = 131072;
+  config.rms_norm_eps = 1e-5f;
+  config.rope.theta = 500000.0;
+  config.rope.scaling = RopeScaling::kLlama3;
+  config.rope.factor = 8.0;
+  config.rope.low_freq_factor = 1.0;
+  config.rope.high_freq_factor = 4.0;
+  config.rope.original_max_position_embeddings = 8192;
+  config.rope.rotary_dim = 128;
+  config.torch_dtype = "bfloat16";
+  return config;
+}
+
+std::vector<int32_t> prompt(int64_t length, int vocab, uint32_t seed) {
+  std::vector<int32_t> tokens(static_cast<size_t>(length));
+  uint64_t state = seed;
+  for (auto& token : tokens) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    token = static_cast<int32_t>((state >> 33) % static_cast<uint64_t>(vocab));
+  }
+  return tokens;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+size_t used_gpu_bytes() {
+  const auto [free_bytes, total_bytes] = cuda::device_memory();
+  return total_bytes - free_bytes;
+}
+
+}  // namespace
+
+int run_model_bench(int argc, char** argv) {
+  std::string shape = "llama-3.1-8b", json_path;
+  std::vector<int64_t> prefill_lengths = {16384, 32768, 65536, 131072};
+  std::vector<int64_t> decode_contexts = {32768, 131072};
+  int decode_tokens = 32, chunk_tokens = 4096;
+  for (int i = 0; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) throw std::runtime_error("flag " + flag + " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--shape") {
+      shape = value;
+    } else if (flag == "--prefill") {
+      prefill_lengths = parse_list(value);
+    } else if (flag == "--decode-contexts") {
+      decode_contexts = parse_list(value);
+    } else if (flag == "--decode-tokens") {
+      decode_tokens = std::stoi(value);
+    } else if (flag == "--chunk") {
+      chunk_tokens = std::stoi(value);
+    } else if (flag == "--json") {
+      json_path = value;
+    } else {
+      throw std::runtime_error("unknown flag " + flag);
+    }
+  }
+  const ModelConfig config = shape_config(shape);
+  nlohmann::json report;
+  report["device"] = device_name();
+  report["shape"] = shape;
+  report["chunk_tokens"] = chunk_tokens;
+  const double copy_gbps = copy_bandwidth_gbps();
+  report["copy_bandwidth_gbps"] = copy_gbps;
+
+  cuda::CudaModelOptions options;
+  options.chunk_tokens = chunk_tokens;
+  const auto load_start = std::chrono::steady_clock::now();
+  cuda::CudaTransformer model(config, 1234, options);
+  report["load_seconds"] = seconds_since(load_start);
+  report["memory_plan"] = model.memory_plan().describe();
+  std::cout << "model " << shape << ": " << model.memory_plan().describe() << ", copy bandwidth "
+            << copy_gbps << " GB/s\n";
+
+  // Warm-up: cuBLASLt's algorithm choices, module loading, both attention paths.
+  model.reset();
+  model.forward_greedy(prompt(chunk_tokens + 100, config.vocab_size, 1));
+  model.forward_greedy(std::vector<int32_t>{17});
+  cuda::check(cudaDeviceSynchronize(), "warm-up");
+
+  for (const int64_t length : prefill_lengths) {
+    if (length > model.context_length()) continue;
+    const auto tokens = prompt(length, config.vocab_size, 2);
+    model.reset();
+    cuda::check(cudaDeviceSynchronize(), "before prefill");
+    const auto start = std::chrono::steady_clock::now();
+    model.forward_greedy(tokens);  // ends with a device-to-host copy: the GPU is done
+    const double seconds = seconds_since(start);
+    report["prefill"].push_back({{"tokens", length},
+                                 {"seconds", seconds},
+                                 {"tokens_per_second", static_cast<double>(length) / seconds},
+                                 {"gpu_memory_used_bytes", used_gpu_bytes()}});
+    std::cout << "prefill " << length << ": " << seconds << " s, " << length / seconds
+              << " tokens/s\n";
+  }
+
+  // Bytes one decode step must read: every weight matrix except the embedding table (one row of
+  // it), plus the norms, plus keys and values of the whole context.
+  const int64_t hidden = config.hidden_size, q_width = int64_t{config.num_heads} * config.head_dim;
+  const int64_t kv_width = int64_t{config.num_kv_heads} * config.head_dim;
+  const double weight_bytes = 2.0 * (static_cast<double>(config.num_layers) *
+                                         ((q_width + 2 * kv_width) * hidden + hidden * q_width +
+                                          3.0 * config.intermediate_size * hidden) +
+                                     static_cast<double>(config.vocab_size) * hidden);
+  report["decode_weight_bytes"] = weight_bytes;
+  for (const int64_t context : decode_contexts) {
+    if (context > model.context_length()) continue;
+    const int64_t prefix = context - decode_tokens;
+    model.reset();
+    int32_t token = model.forward_greedy(prompt(prefix, config.vocab_size, 3));
+    std::vector<double> times;
+    for (int step = 0; step < decode_tokens; ++step) {
+      const auto start = std::chrono::steady_clock::now();
+      token = model.forward_greedy(std::span<const int32_t>(&token, 1));
+      times.push_back(seconds_since(start));
+    }
+    std::sort(times.begin(), times.end());
+    const double median_ms = 1e3 * times[times.size() / 2];
+    const double kv_bytes = 2.0 * 2.0 * config.num_layers * static_cast<double>(kv_width) *
+                            static_cast<double>(prefix + decode_tokens / 2);
+    // The floor reads each byte once at the copy bandwidth (which counts bytes read plus written).
+    const double floor_ms = 1e3 * (weight_bytes + kv_bytes) / (copy_gbps * 1e9);
+    report["decode"].push_back({{"context", context},
+                                {"tokens", decode_tokens},
+                                {"median_ms_per_token", median_ms},
+                                {"floor_ms", floor_ms},
+                                {"ratio_to_floor", median_ms / floor_ms},
+                                {"kv_bytes", kv_bytes},
+                                {"gpu_memory_used_bytes", used_gpu_bytes()}});
+    std::cout << "decode at " << context << ": " << median_ms << " ms/token (floor " << floor_ms
+              << " ms, " << median_ms / floor_ms << "x)\n";
+  }
+  if (!json_path.empty()) {
+    std::ofstream file(json_path);
+    file << report.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace entropyinfer::bench

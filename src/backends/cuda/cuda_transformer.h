@@ -1,0 +1,66 @@
+// The dense decoder on the GPU, mirroring engine/transformer.cpp for full attention at batch 1:
+// bf16 weights (q/k/v and gate/up fused into one product each), bf16 head-major KV cache, fp32
+// residual stream. Prompts run in chunks of chunk_tokens through all layers, so activation memory
+// stays bounded at any prompt length; single tokens decode with split-KV attention. All GPU memory
+// (weights, the cache for the whole context, activations) is planned and allocated up front.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/model_config.h"
+#include "model/model_weights.h"
+
+namespace entropyinfer::cuda {
+
+struct CudaModelOptions {
+  int context_length = 0;   // 0 means the model's max_position_embeddings
+  int chunk_tokens = 4096;  // prompt tokens per pass through the layers
+};
+
+// Bytes a model needs on the GPU.
+struct GpuMemoryPlan {
+  size_t weights = 0;
+  size_t kv_cache = 0;
+  size_t activations = 0;
+  size_t total() const { return weights + kv_cache + activations; }
+  std::string describe() const;
+};
+
+class CudaTransformer {
+ public:
+  // Uploads `weights` (fp32 on the host) as bf16; norms and biases stay fp32.
+  CudaTransformer(const ModelWeights& weights, const CudaModelOptions& options = {});
+  // A model of `config`'s shape with random weights drawn on the GPU (uniform in +-1/sqrt(fan_in),
+  // embeddings in +-1, norms 1): for speed measurements of shapes with no checkpoint at hand.
+  CudaTransformer(const ModelConfig& config, uint64_t seed, const CudaModelOptions& options = {});
+  ~CudaTransformer();
+  CudaTransformer(const CudaTransformer&) = delete;
+  CudaTransformer& operator=(const CudaTransformer&) = delete;
+
+  // Runs `tokens` at positions [position(), position() + n) and appends their keys and values to
+  // the cache; returns fp32 logits, [n, vocab] when all_logits, else [vocab] for the last token.
+  // Throws Error when the tokens do not fit in the context or an id is outside the vocabulary.
+  std::vector<float> forward(std::span<const int32_t> tokens, bool all_logits = false);
+  // The same, returning only the id of the largest last-token logit (chosen on the GPU).
+  int32_t forward_greedy(std::span<const int32_t> tokens);
+
+  void reset();
+  int position() const;
+  int context_length() const;
+  const ModelConfig& config() const;
+  const GpuMemoryPlan& memory_plan() const;
+
+  // What a model of `config` needs with `options`; construction throws Error (naming the bytes
+  // needed and free) when it is more than the GPU has free.
+  static GpuMemoryPlan plan(const ModelConfig& config, const CudaModelOptions& options);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace entropyinfer::cuda
