@@ -1,5 +1,5 @@
-// The command-line tool end to end: real output on stories260K, and one clear error (exit status 1, no
-// crash) for each kind of bad input.
+// The command-line tool end to end: real output on stories260K, and one clear error (exit status 1,
+// no crash) for each kind of bad input.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -39,16 +39,20 @@ std::string stories_tokenizer() { return testing::asset_path("stories260K/tok512
 void expect_error(const CommandResult& result, const std::string& fragment) {
   EXPECT_EQ(result.exit_code, 1) << result.err;
   EXPECT_NE(result.err.find("error: "), std::string::npos) << result.err;
-  EXPECT_NE(result.err.find(fragment), std::string::npos) << "expected '" << fragment << "' in: " << result.err;
+  EXPECT_NE(result.err.find(fragment), std::string::npos)
+      << "expected '" << fragment << "' in: " << result.err;
 }
 
 TEST(Cli, GeneratesLlama2cGreedyTextExactly) {
   ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
-  const CommandResult result = run_cli("generate -m " + stories_model() + " --tokenizer " +
-                                       stories_tokenizer() + " -p '' -n 200 --sampler llama2c -t 0");
+  const CommandResult result =
+      run_cli("generate -m " + stories_model() + " --tokenizer " + stories_tokenizer() +
+              " -p '' -n 200 --sampler llama2c -t 0");
   ASSERT_EQ(result.exit_code, 0) << result.err;
-  EXPECT_EQ(result.out, testing::read_file_bytes(testing::asset_path("stories260K/expected_greedy_n200.txt")));
-  EXPECT_NE(result.err.find("prefill"), std::string::npos) << "timing summary missing: " << result.err;
+  EXPECT_EQ(result.out,
+            testing::read_file_bytes(testing::asset_path("stories260K/expected_greedy_n200.txt")));
+  EXPECT_NE(result.err.find("prefill"), std::string::npos)
+      << "timing summary missing: " << result.err;
   EXPECT_NE(result.err.find("decode"), std::string::npos) << result.err;
   EXPECT_NE(result.err.find("peak memory"), std::string::npos) << result.err;
 }
@@ -61,7 +65,8 @@ TEST(Cli, NonsenseSamplerOptionsAreErrors) {
   ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
   expect_error(run_cli("generate -m " + stories_model() + " -p hi -t -1"), "temperature");
   expect_error(run_cli("generate -m " + stories_model() + " -p hi --top-p 2"), "top-p");
-  const CommandResult unknown = run_cli("generate -m " + stories_model() + " -p hi --sampler bogus");
+  const CommandResult unknown =
+      run_cli("generate -m " + stories_model() + " -p hi --sampler bogus");
   EXPECT_NE(unknown.exit_code, 0);
   EXPECT_NE(unknown.exit_code, -1);
 }
@@ -87,7 +92,8 @@ TEST(Cli, MissingPromptFileAndMissingTokenizerAreErrors) {
 
 TEST(Cli, TokenizePrintsIds) {
   ENTROPYINFER_REQUIRE_ASSET("stories260K/tok512.bin");
-  const CommandResult result = run_cli("tokenize --tokenizer " + stories_tokenizer() + " -p 'Once upon a time' --ids --bos");
+  const CommandResult result =
+      run_cli("tokenize --tokenizer " + stories_tokenizer() + " -p 'Once upon a time' --ids --bos");
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_EQ(result.out.rfind("1 ", 0), 0u) << result.out;
 }

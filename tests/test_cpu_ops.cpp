@@ -1,5 +1,5 @@
-// CPU ops against naive loops written here, on random inputs with awkward sizes (tails that are not a
-// multiple of the SIMD width, token counts that are not a multiple of the tile).
+// CPU ops against naive loops written here, on random inputs with awkward sizes (tails that are not
+// a multiple of the SIMD width, token counts that are not a multiple of the tile).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,7 +20,8 @@ std::vector<float> random_vector(size_t count, uint32_t seed, float scale = 1.0f
 }
 
 TEST(CpuOps, LinearMatchesNaiveProductForAwkwardShapes) {
-  for (auto [tokens, in, out] : {std::tuple{1, 7, 5}, {3, 17, 13}, {9, 64, 31}, {5, 172, 64}, {13, 300, 97}}) {
+  for (auto [tokens, in, out] :
+       {std::tuple{1, 7, 5}, {3, 17, 13}, {9, 64, 31}, {5, 172, 64}, {13, 300, 97}}) {
     const auto x = random_vector(tokens * in, 1);
     const auto w = random_vector(out * in, 2);
     const auto bias = random_vector(out, 3);
@@ -63,7 +64,8 @@ TEST(CpuOps, RopeRotatesHalvesOrAdjacentPairs) {
   }
   for (bool adjacent : {false, true}) {
     std::vector<float> rotated = x;
-    cpu::apply_rope(rotated.data(), tokens, heads, head_dim, cos.data(), sin.data(), head_dim, adjacent);
+    cpu::apply_rope(rotated.data(), tokens, heads, head_dim, cos.data(), sin.data(), head_dim,
+                    adjacent);
     for (int t = 0; t < tokens; ++t) {
       for (int h = 0; h < heads; ++h) {
         const float* in = x.data() + (t * heads + h) * head_dim;
@@ -82,7 +84,8 @@ TEST(CpuOps, RopeRotatesHalvesOrAdjacentPairs) {
 
 // Naive causal GQA attention in double, one query at a time.
 std::vector<double> naive_attention(const std::vector<float>& q, const std::vector<float>& keys,
-                                    const std::vector<float>& values, const cpu::AttentionShape& s) {
+                                    const std::vector<float>& values,
+                                    const cpu::AttentionShape& s) {
   std::vector<double> out(s.tokens * s.q_heads * s.head_dim, 0.0);
   for (int64_t t = 0; t < s.tokens; ++t) {
     for (int64_t h = 0; h < s.q_heads; ++h) {
@@ -94,7 +97,8 @@ std::vector<double> naive_attention(const std::vector<float>& q, const std::vect
       for (int64_t j = first; j <= last; ++j) {
         double dot = 0;
         for (int64_t d = 0; d < s.head_dim; ++d) {
-          dot += q[(t * s.q_heads + h) * s.head_dim + d] * keys[(kv * s.cache_stride + j) * s.head_dim + d];
+          dot += q[(t * s.q_heads + h) * s.head_dim + d] *
+                 keys[(kv * s.cache_stride + j) * s.head_dim + d];
         }
         scores.push_back(dot * s.scale);
         max_score = std::max(max_score, scores.back());
@@ -129,7 +133,8 @@ TEST(CpuOps, CausalAttentionMatchesNaiveWithGqaCacheOffsetAndWindow) {
     std::vector<float> out(q.size());
     cpu::causal_attention(q.data(), keys.data(), values.data(), shape, out.data());
     const auto expected = naive_attention(q, keys, values, shape);
-    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], expected[i], 1e-5) << "window " << window;
+    for (size_t i = 0; i < out.size(); ++i)
+      ASSERT_NEAR(out[i], expected[i], 1e-5) << "window " << window;
   }
 }
 

@@ -1,5 +1,5 @@
-// Attention policies running inside the real model (stories260K, context 512, so the method's parameters
-// are scaled down: segment 64, block 4, threshold 128, budgets of a few dozen tokens).
+// Attention policies running inside the real model (stories260K, context 512, so the method's
+// parameters are scaled down: segment 64, block 4, threshold 128, budgets of a few dozen tokens).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -52,7 +52,8 @@ std::vector<int32_t> story_prompt(size_t length) {
 }
 
 std::vector<int32_t> greedy(const ModelWeights& weights, const AttentionConfig& config,
-                            const std::vector<int32_t>& prompt, int steps, AttentionWork* work = nullptr) {
+                            const std::vector<int32_t>& prompt, int steps,
+                            AttentionWork* work = nullptr) {
   Transformer model(weights, 0, config);
   std::vector<float> logits = model.forward(prompt);
   std::vector<int32_t> generated;
@@ -70,7 +71,8 @@ class PoliciesOnStories : public ::testing::Test {
     if (!std::filesystem::exists(asset_path("stories260K/stories260K.bin"))) {
       GTEST_SKIP() << "asset missing: " << asset_path("stories260K/stories260K.bin");
     }
-    weights_ = std::make_unique<ModelWeights>(load_model(asset_path("stories260K/stories260K.bin")));
+    weights_ =
+        std::make_unique<ModelWeights>(load_model(asset_path("stories260K/stories260K.bin")));
     prompt_ = story_prompt(400);
   }
   std::unique_ptr<ModelWeights> weights_;
@@ -86,7 +88,8 @@ TEST_F(PoliciesOnStories, FullAttentionThroughThePolicyPathGivesTheDenseTokens) 
     logits = dense.forward(std::span(&expected.back(), 1));
   }
   AttentionWork work;
-  EXPECT_EQ(greedy(*weights_, scaled_config(PrefillMethod::kFull, DecodeMethod::kFull), prompt_, 48, &work),
+  EXPECT_EQ(greedy(*weights_, scaled_config(PrefillMethod::kFull, DecodeMethod::kFull), prompt_, 48,
+                   &work),
             expected);
   EXPECT_EQ(work.prefill_keys_read, work.prefill_keys_dense);
 }
@@ -94,9 +97,11 @@ TEST_F(PoliciesOnStories, FullAttentionThroughThePolicyPathGivesTheDenseTokens) 
 TEST_F(PoliciesOnStories, EveryPrefillAndDecodeMethodGeneratesAndDoesLessWork) {
   const std::vector<int32_t> dense =
       greedy(*weights_, scaled_config(PrefillMethod::kFull, DecodeMethod::kFull), prompt_, 48);
-  for (PrefillMethod prefill : {PrefillMethod::kFull, PrefillMethod::kEntropy, PrefillMethod::kCritiPrefill}) {
-    for (DecodeMethod decode : {DecodeMethod::kFull, DecodeMethod::kLatent, DecodeMethod::kSnapKV,
-                                DecodeMethod::kAdaKV, DecodeMethod::kStreamingLLM, DecodeMethod::kPyramidKV}) {
+  for (PrefillMethod prefill :
+       {PrefillMethod::kFull, PrefillMethod::kEntropy, PrefillMethod::kCritiPrefill}) {
+    for (DecodeMethod decode :
+         {DecodeMethod::kFull, DecodeMethod::kLatent, DecodeMethod::kSnapKV, DecodeMethod::kAdaKV,
+          DecodeMethod::kStreamingLLM, DecodeMethod::kPyramidKV}) {
       SCOPED_TRACE(prefill_method_name(prefill) + " + " + decode_method_name(decode));
       AttentionWork work;
       const std::vector<int32_t> tokens =
@@ -107,7 +112,8 @@ TEST_F(PoliciesOnStories, EveryPrefillAndDecodeMethodGeneratesAndDoesLessWork) {
         EXPECT_LT(token, weights_->config.vocab_size);
       }
       if (prefill != PrefillMethod::kFull) {
-        EXPECT_LT(work.prefill_keys_read, work.prefill_keys_dense) << "a sparse prefill read everything";
+        EXPECT_LT(work.prefill_keys_read, work.prefill_keys_dense)
+            << "a sparse prefill read everything";
       }
       if (decode != DecodeMethod::kFull) {
         ASSERT_TRUE(work.compressed);

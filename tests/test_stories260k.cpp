@@ -1,5 +1,5 @@
-// The real stories260K model against llama2.c's own outputs: logits at the first positions, the greedy
-// token path, and (with the llama2.c tokenizer) the exact texts run.c printed.
+// The real stories260K model against llama2.c's own outputs: logits at the first positions, the
+// greedy token path, and (with the llama2.c tokenizer) the exact texts run.c printed.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,8 +12,8 @@
 #include "engine/sampler.h"
 #include "engine/transformer.h"
 #include "model/model_weights.h"
-#include "tokenizer/tokenizer.h"
 #include "test_support.h"
+#include "tokenizer/tokenizer.h"
 
 namespace entropyinfer {
 namespace {
@@ -35,13 +35,14 @@ TEST(Stories260K, LogitsMatchLlama2cAtFirstEightPositions) {
   ASSERT_EQ(weights.config.vocab_size, 512);
   const std::vector<int32_t> ids = read_ids(asset_path("stories260K/greedy_token_ids_n256.txt"));
   ASSERT_GE(ids.size(), 8u);
-  const std::string raw = testing::read_file_bytes(asset_path("stories260K/greedy_logits_pos0-7.f32"));
+  const std::string raw =
+      testing::read_file_bytes(asset_path("stories260K/greedy_logits_pos0-7.f32"));
   ASSERT_EQ(raw.size(), 8u * 512u * sizeof(float));
   std::vector<float> expected(8 * 512);
   std::memcpy(expected.data(), raw.data(), raw.size());
 
-  // Once as one prefill of eight tokens, once token by token through the cache: both must agree with
-  // llama2.c, which always runs one token at a time.
+  // Once as one prefill of eight tokens, once token by token through the cache: both must agree
+  // with llama2.c, which always runs one token at a time.
   Transformer batch(weights);
   const std::vector<float> all = batch.forward(std::span(ids.data(), 8), /*all_logits=*/true);
   Transformer stepwise(weights);
@@ -59,7 +60,8 @@ TEST(Stories260K, LogitsMatchLlama2cAtFirstEightPositions) {
 TEST(Stories260K, GreedyTokenPathMatchesLlama2c) {
   ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
   const ModelWeights weights = load_model(asset_path("stories260K/stories260K.bin"));
-  const std::vector<int32_t> expected = read_ids(asset_path("stories260K/greedy_token_ids_n256.txt"));
+  const std::vector<int32_t> expected =
+      read_ids(asset_path("stories260K/greedy_token_ids_n256.txt"));
   ASSERT_EQ(expected.size(), 257u);
   Transformer model(weights);
   std::vector<int32_t> path = {expected[0]};
@@ -70,8 +72,8 @@ TEST(Stories260K, GreedyTokenPathMatchesLlama2c) {
   EXPECT_EQ(path, expected);
 }
 
-// Runs llama2.c's generation from an empty prompt (BOS only) for `steps` positions, as run.c does, and
-// returns what run.c prints (the text plus its final newline).
+// Runs llama2.c's generation from an empty prompt (BOS only) for `steps` positions, as run.c does,
+// and returns what run.c prints (the text plus its final newline).
 std::string llama2c_run(int steps, float temperature, float top_p, uint64_t seed) {
   const ModelWeights weights = load_model(asset_path("stories260K/stories260K.bin"));
   const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(asset_path("stories260K/tok512.bin"));
@@ -139,7 +141,8 @@ TEST(Stories260K, TruncatedCheckpointIsAnError) {
   ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
   const std::string full = testing::read_file_bytes(asset_path("stories260K/stories260K.bin"));
   const std::string path = ::testing::TempDir() + "/truncated_stories.bin";
-  std::ofstream(path, std::ios::binary).write(full.data(), static_cast<std::streamsize>(full.size() / 2));
+  std::ofstream(path, std::ios::binary)
+      .write(full.data(), static_cast<std::streamsize>(full.size() / 2));
   try {
     load_model(path);
     FAIL() << "a half checkpoint must not load";

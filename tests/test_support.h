@@ -1,5 +1,5 @@
-// Shared helpers for tests: where the real assets and committed fixtures are, and skipping cleanly when
-// the assets (which live beside the checkout, not in it) are absent.
+// Shared helpers for tests: where the real assets and committed fixtures are, and skipping cleanly
+// when the assets (which live beside the checkout, not in it) are absent.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -27,10 +27,10 @@ inline std::string read_file_bytes(const std::string& path) {
 }  // namespace entropyinfer::testing
 
 // Skips the current test, naming the missing asset, when it is not there.
-#define ENTROPYINFER_REQUIRE_ASSET(relative)                                                   \
-  do {                                                                                       \
-    if (!std::filesystem::exists(::entropyinfer::testing::asset_path(relative))) {          \
-      GTEST_SKIP() << "asset missing: " << ::entropyinfer::testing::asset_path(relative)     \
-                   << " (the shared assets folder is not beside this checkout)";             \
-    }                                                                                        \
+#define ENTROPYINFER_REQUIRE_ASSET(relative)                                             \
+  do {                                                                                   \
+    if (!std::filesystem::exists(::entropyinfer::testing::asset_path(relative))) {       \
+      GTEST_SKIP() << "asset missing: " << ::entropyinfer::testing::asset_path(relative) \
+                   << " (the shared assets folder is not beside this checkout)";         \
+    }                                                                                    \
   } while (0)

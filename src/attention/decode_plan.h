@@ -1,4 +1,5 @@
-// A decode plan says, for one layer, which cache entries of each head survive the one-time compression.
+// A decode plan says, for one layer, which cache entries of each head survive the one-time
+// compression.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +8,8 @@
 namespace entropyinfer {
 
 struct LayerDecodePlan {
-  // One list per KV head (or per query head when DecodeParams::per_query_head), ascending cache indices.
+  // One list per KV head (or per query head when DecodeParams::per_query_head), ascending cache
+  // indices.
   std::vector<std::vector<int32_t>> kept;
   bool per_query_head = false;
 
@@ -22,13 +24,13 @@ struct LayerDecodePlan {
 
 // Inputs of a compression decision for one layer.
 struct DecodeInputs {
-  // The observation window's queries after RoPE, [window_tokens, num_q_heads, head_dim], oldest first;
-  // the last one is at the newest cache position.
+  // The observation window's queries after RoPE, [window_tokens, num_q_heads, head_dim], oldest
+  // first; the last one is at the newest cache position.
   const float* window_queries = nullptr;
   int window_tokens = 0;
   const float* keys = nullptr;  // per KV head a slab [key_stride, head_dim]
   int64_t key_stride = 0;
-  int64_t cache_length = 0;     // entries per head before compression (same for all heads)
+  int64_t cache_length = 0;  // entries per head before compression (same for all heads)
   int num_q_heads = 0;
   int num_kv_heads = 0;
   int head_dim = 0;

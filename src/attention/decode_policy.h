@@ -1,5 +1,6 @@
-// Decode policies decide, once per generation, which cache entries of each head survive. One file per
-// method: latent_decode.cpp (EntropyInfer), snapkv.cpp, adakv.cpp, streaming_llm.cpp, pyramidkv.cpp.
+// Decode policies decide, once per generation, which cache entries of each head survive. One file
+// per method: latent_decode.cpp (EntropyInfer), snapkv.cpp, adakv.cpp, streaming_llm.cpp,
+// pyramidkv.cpp.
 #pragma once
 
 #include <memory>
@@ -19,7 +20,8 @@ class DecodePolicy {
   virtual int compress_after_generated() const = 0;
   // Whether the plan needs the window's queries (StreamingLLM does not).
   virtual bool needs_window_queries() const { return true; }
-  // Nothing is compressed while the cache holds no more than the budget: returns an empty plan then.
+  // Nothing is compressed while the cache holds no more than the budget: returns an empty plan
+  // then.
   virtual LayerDecodePlan plan(const DecodeInputs& inputs) const = 0;
 };
 

@@ -1,5 +1,6 @@
 // Prefill policies decide which key blocks each (KV head, query segment) reads; they never run the
-// attention arithmetic. One file per method: full_prefill.cpp, entropy_prefill.cpp, critiprefill.cpp.
+// attention arithmetic. One file per method: full_prefill.cpp, entropy_prefill.cpp,
+// critiprefill.cpp.
 #pragma once
 
 #include <memory>

@@ -1,5 +1,5 @@
-// A read-only memory map of a whole file. Checkpoints are mapped, not read, so that fp32 weights are
-// used in place and loading a large model costs no copy.
+// A read-only memory map of a whole file. Checkpoints are mapped, not read, so that fp32 weights
+// are used in place and loading a large model costs no copy.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,5 @@
-// A heatmap written as a standalone SVG file: no plotting library needed, and it opens in any browser.
+// A heatmap written as a standalone SVG file: no plotting library needed, and it opens in any
+// browser.
 #pragma once
 
 #include <string>
@@ -12,7 +13,7 @@ struct Heatmap {
   std::string y_label;
   int rows = 0;
   int columns = 0;
-  std::vector<double> values;          // rows * columns, row-major; NaN cells are drawn blank
+  std::vector<double> values;           // rows * columns, row-major; NaN cells are drawn blank
   std::vector<std::string> row_labels;  // optional, one per row
   std::string value_label;              // shown beside the colour bar
 };

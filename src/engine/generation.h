@@ -1,6 +1,6 @@
-// The generation loop: prefill the prompt, then sample one token at a time until a stop token, a stop
-// string or the token limit, streaming text that never splits a UTF-8 character or shows a partial stop
-// string.
+// The generation loop: prefill the prompt, then sample one token at a time until a stop token, a
+// stop string or the token limit, streaming text that never splits a UTF-8 character or shows a
+// partial stop string.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +19,7 @@ namespace entropyinfer {
 struct GenerationOptions {
   int max_tokens = 256;
   SamplerOptions sampler;
-  std::vector<int32_t> stop_token_ids;   // e.g. the model's EOS ids
+  std::vector<int32_t> stop_token_ids;    // e.g. the model's EOS ids
   std::vector<std::string> stop_strings;  // text that ends generation (not printed)
 };
 

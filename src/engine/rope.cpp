@@ -25,8 +25,8 @@ int original_context(const ModelConfig& config) {
              : config.max_position_embeddings;
 }
 
-// yarn's scaling factor. The config parser resolves it (transformers derives it from the ratio of the
-// two contexts only when `factor` is absent), so the decoder takes it as given.
+// yarn's scaling factor. The config parser resolves it (transformers derives it from the ratio of
+// the two contexts only when `factor` is absent), so the decoder takes it as given.
 double yarn_factor(const ModelConfig& config) { return config.rope.factor; }
 
 double yarn_mscale(double scale) { return scale <= 1.0 ? 1.0 : 0.1 * std::log(scale) + 1.0; }
@@ -41,7 +41,8 @@ std::vector<double> yarn_frequencies(const ModelConfig& config, int rotary_dim) 
            (2.0 * std::log(base));
   };
   double low = std::max(0.0, std::floor(correction_dim(rope.beta_fast)));
-  double high = std::min(static_cast<double>(rotary_dim - 1), std::ceil(correction_dim(rope.beta_slow)));
+  double high =
+      std::min(static_cast<double>(rotary_dim - 1), std::ceil(correction_dim(rope.beta_slow)));
   if (low == high) high += 0.001;
   std::vector<double> inverse(rotary_dim / 2);
   for (int i = 0; i < rotary_dim / 2; ++i) {
@@ -50,7 +51,8 @@ std::vector<double> yarn_frequencies(const ModelConfig& config, int rotary_dim) 
     const double interpolation = 1.0 / (factor * position_frequency);
     const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
     const double extrapolation_weight = 1.0 - ramp;
-    inverse[i] = interpolation * (1.0 - extrapolation_weight) + extrapolation * extrapolation_weight;
+    inverse[i] =
+        interpolation * (1.0 - extrapolation_weight) + extrapolation * extrapolation_weight;
   }
   return inverse;
 }
@@ -111,8 +113,7 @@ double rope_attention_factor(const ModelConfig& config) {
 }
 
 RopeTables rope_tables(const ModelConfig& config, int64_t first_position, int64_t tokens) {
-  const std::vector<double> inverse =
-      rope_inverse_frequencies(config, first_position + tokens);
+  const std::vector<double> inverse = rope_inverse_frequencies(config, first_position + tokens);
   const double attention_factor = rope_attention_factor(config);
   const size_t half = inverse.size();
   RopeTables tables;

@@ -1,5 +1,5 @@
-// Rotary position embedding angles for every supported variant: default, linear, dynamic (NTK-aware),
-// llama3 and yarn. Computed in double so that long positions keep their precision.
+// Rotary position embedding angles for every supported variant: default, linear, dynamic
+// (NTK-aware), llama3 and yarn. Computed in double so that long positions keep their precision.
 #pragma once
 
 #include <cstdint>

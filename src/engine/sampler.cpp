@@ -11,7 +11,8 @@ namespace entropyinfer {
 
 void validate_sampler_options(const SamplerOptions& options) {
   if (!(options.temperature >= 0.0f) || !std::isfinite(options.temperature)) {
-    throw Error("temperature must be a finite number >= 0, got " + std::to_string(options.temperature));
+    throw Error("temperature must be a finite number >= 0, got " +
+                std::to_string(options.temperature));
   }
   if (!(options.top_p > 0.0f && options.top_p <= 1.0f)) {
     throw Error("top-p must be in (0, 1], got " + std::to_string(options.top_p));

@@ -1,6 +1,6 @@
-// Picks the next token from logits: greedy, temperature, top-k, top-p, seeded. A second mode reproduces
-// llama2.c's run.c exactly (its xorshift generator and its top-p cut), so its published samples can be
-// checked token for token.
+// Picks the next token from logits: greedy, temperature, top-k, top-p, seeded. A second mode
+// reproduces llama2.c's run.c exactly (its xorshift generator and its top-p cut), so its published
+// samples can be checked token for token.
 #pragma once
 
 #include <cstdint>

@@ -16,8 +16,8 @@
 namespace entropyinfer {
 namespace {
 
-// Tokens per matrix-product chunk: bounds scratch memory on long prompts while keeping products large
-// enough to reuse each weight tile across many tokens.
+// Tokens per matrix-product chunk: bounds scratch memory on long prompts while keeping products
+// large enough to reuse each weight tile across many tokens.
 constexpr int64_t kChunkTokens = 256;
 
 // Rows added beyond what is needed when a cache grows or is compacted, so that decoding does not
@@ -33,11 +33,13 @@ struct LayerCache {
   std::vector<float> keys;
   std::vector<float> values;
 
-  int max_length() const { return lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end()); }
+  int max_length() const {
+    return lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+  }
   size_t bytes() const { return (keys.capacity() + values.capacity()) * sizeof(float); }
 
-  // Moves every head into slabs of `new_capacity` rows, copying the rows `rows_of(head)` lists (or the
-  // first lengths[head] rows when empty). Replacing the vectors returns the old memory.
+  // Moves every head into slabs of `new_capacity` rows, copying the rows `rows_of(head)` lists (or
+  // the first lengths[head] rows when empty). Replacing the vectors returns the old memory.
   void reshape(int new_heads, int new_capacity, int64_t head_dim,
                const std::vector<std::vector<int32_t>>* kept, int source_group) {
     std::vector<float> new_keys(static_cast<size_t>(new_heads) * new_capacity * head_dim);
@@ -46,9 +48,11 @@ struct LayerCache {
     for (int head = 0; head < new_heads; ++head) {
       const int source = head / source_group;
       const float* source_keys = keys.data() + static_cast<int64_t>(source) * capacity * head_dim;
-      const float* source_values = values.data() + static_cast<int64_t>(source) * capacity * head_dim;
+      const float* source_values =
+          values.data() + static_cast<int64_t>(source) * capacity * head_dim;
       float* target_keys = new_keys.data() + static_cast<int64_t>(head) * new_capacity * head_dim;
-      float* target_values = new_values.data() + static_cast<int64_t>(head) * new_capacity * head_dim;
+      float* target_values =
+          new_values.data() + static_cast<int64_t>(head) * new_capacity * head_dim;
       if (kept == nullptr) {
         new_lengths[head] = lengths[source];
         if (lengths[source] == 0) continue;  // nothing to move (and no source buffer yet)
@@ -59,7 +63,8 @@ struct LayerCache {
       const std::vector<int32_t>& rows = (*kept)[head];
       new_lengths[head] = static_cast<int>(rows.size());
       for (size_t i = 0; i < rows.size(); ++i) {
-        std::memcpy(target_keys + i * head_dim, source_keys + rows[i] * head_dim, sizeof(float) * head_dim);
+        std::memcpy(target_keys + i * head_dim, source_keys + rows[i] * head_dim,
+                    sizeof(float) * head_dim);
         std::memcpy(target_values + i * head_dim, source_values + rows[i] * head_dim,
                     sizeof(float) * head_dim);
       }
@@ -123,15 +128,17 @@ struct Transformer::State {
       layer.heads = config.num_kv_heads;
       layer.lengths.assign(config.num_kv_heads, 0);
     }
-    recent_queries.assign(config.num_layers,
-                          std::vector<float>(static_cast<size_t>(window) * config.num_heads * config.head_dim));
+    recent_queries.assign(
+        config.num_layers,
+        std::vector<float>(static_cast<size_t>(window) * config.num_heads * config.head_dim));
   }
 
   void ensure_capacity(int needed) {
     for (LayerCache& layer : cache) {
       const int rows = layer.max_length() + needed;
       if (rows <= layer.capacity) continue;
-      const int grown = std::min(context_length, std::max({rows, layer.capacity * 2, kCacheHeadroom}));
+      const int grown =
+          std::min(context_length, std::max({rows, layer.capacity * 2, kCacheHeadroom}));
       layer.reshape(layer.heads, std::max(grown, rows), config.head_dim, nullptr, 1);
     }
   }
@@ -143,7 +150,8 @@ struct Transformer::State {
     const int64_t incoming = std::min<int64_t>(count, window);
     const int64_t kept_old = std::min<int64_t>(window_count, window - incoming);
     // Slide the newest kept_old rows to the front, then append the incoming rows.
-    std::memmove(ring.data(), ring.data() + (window_count - kept_old) * width, sizeof(float) * kept_old * width);
+    std::memmove(ring.data(), ring.data() + (window_count - kept_old) * width,
+                 sizeof(float) * kept_old * width);
     std::memcpy(ring.data() + kept_old * width, queries + (count - incoming) * width,
                 sizeof(float) * incoming * width);
   }
@@ -176,10 +184,11 @@ struct Transformer::State {
       const LayerDecodePlan plan = decode_policy->plan(inputs);
       if (plan.kept.empty()) continue;  // the cache is within the budget: nothing to drop
       int longest = 0;
-      for (const auto& rows : plan.kept) longest = std::max<int>(longest, static_cast<int>(rows.size()));
+      for (const auto& rows : plan.kept)
+        longest = std::max<int>(longest, static_cast<int>(rows.size()));
       const int room = std::min(kCacheHeadroom, context_length - position);
-      layer.reshape(static_cast<int>(plan.kept.size()), longest + std::max(room, 1), config.head_dim,
-                    &plan.kept, plan.per_query_head ? group : 1);
+      layer.reshape(static_cast<int>(plan.kept.size()), longest + std::max(room, 1),
+                    config.head_dim, &plan.kept, plan.per_query_head ? group : 1);
     }
     for (const LayerCache& layer : cache) {
       for (int length : layer.lengths) work.cache_entries_after += length;
@@ -190,13 +199,14 @@ struct Transformer::State {
   }
 };
 
-Transformer::Transformer(const ModelWeights& weights, int context_length, const AttentionConfig& attention) {
+Transformer::Transformer(const ModelWeights& weights, int context_length,
+                         const AttentionConfig& attention) {
   const ModelConfig& config = weights.config;
   const int limit = config.max_position_embeddings;
   if (context_length <= 0) context_length = limit;
   if (context_length <= 0) throw Error("context length must be positive");
-  // Dynamic NTK scaling exists to run past the trained context (its base grows with the sequence), so
-  // only the other variants are held to max_position_embeddings.
+  // Dynamic NTK scaling exists to run past the trained context (its base grows with the sequence),
+  // so only the other variants are held to max_position_embeddings.
   if (limit > 0 && context_length > limit && config.rope.scaling != RopeScaling::kDynamic) {
     throw Error("context length " + std::to_string(context_length) +
                 " exceeds the model's maximum of " + std::to_string(limit) + " positions");
@@ -215,7 +225,9 @@ size_t Transformer::kv_cache_bytes() const { return state_->cache_bytes(); }
 const AttentionWork& Transformer::attention_work() const { return state_->work; }
 void Transformer::set_record_plans(bool record) { state_->record_plans = record; }
 const std::vector<LayerPrefillPlan>& Transformer::recorded_plans() const { return state_->plans; }
-void Transformer::set_progress_callback(ProgressCallback callback) { progress_ = std::move(callback); }
+void Transformer::set_progress_callback(ProgressCallback callback) {
+  progress_ = std::move(callback);
+}
 
 std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool all_logits) {
   State& s = *state_;
@@ -239,7 +251,8 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
     std::vector<float> logits(static_cast<size_t>((all_logits ? n : 1) * vocab));
     for (int64_t t = 0; t < n; ++t) {
       std::vector<float> step = forward(tokens.subspan(t, 1));
-      if (all_logits || t == n - 1) std::copy(step.begin(), step.end(), logits.begin() + (all_logits ? t * vocab : 0));
+      if (all_logits || t == n - 1)
+        std::copy(step.begin(), step.end(), logits.begin() + (all_logits ? t * vocab : 0));
     }
     return logits;
   }
@@ -260,13 +273,13 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
   // A sliding window shorter than the span is its own sparsity; the block plans assume full causal
   // reach, so such spans stay dense.
   const int sliding_window = c.sliding_window.value_or(0);
-  const bool plan_this_span =
-      is_prefill && first_position == 0 && !(sliding_window > 0 && sliding_window < first_position + n);
+  const bool plan_this_span = is_prefill && first_position == 0 &&
+                              !(sliding_window > 0 && sliding_window < first_position + n);
   if (is_prefill && s.record_plans) s.plans.clear();
 
   // Layer-major: every layer sees the whole new span before the next starts, so a policy can plan a
-  // layer's attention from all of its queries and keys. Matrix products run in chunks so that only the
-  // residual stream, the queries and the attention output are held for the whole span.
+  // layer's attention from all of its queries and keys. Matrix products run in chunks so that only
+  // the residual stream, the queries and the attention output are held for the whole span.
   s.hidden.resize(n * hidden);
   s.q.resize(n * q_width);
   s.attention_out.resize(n * q_width);
@@ -291,8 +304,10 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
       cpu::rms_norm(s.hidden.data() + t0 * hidden, layer.attn_norm.data, m, hidden, c.rms_norm_eps,
                     s.normed.data());
       cpu::linear(s.normed.data(), m, hidden, layer.q_proj.data, layer.q_bias.data, q_width, q);
-      cpu::linear(s.normed.data(), m, hidden, layer.k_proj.data, layer.k_bias.data, kv_width, s.k.data());
-      cpu::linear(s.normed.data(), m, hidden, layer.v_proj.data, layer.v_bias.data, kv_width, s.v.data());
+      cpu::linear(s.normed.data(), m, hidden, layer.k_proj.data, layer.k_bias.data, kv_width,
+                  s.k.data());
+      cpu::linear(s.normed.data(), m, hidden, layer.v_proj.data, layer.v_bias.data, kv_width,
+                  s.v.data());
       if (c.qk_norm) {
         cpu::rms_norm(q, layer.q_norm.data, m * c.num_heads, head_dim, c.rms_norm_eps, q);
         cpu::rms_norm(s.k.data(), layer.k_norm.data, m * c.num_kv_heads, head_dim, c.rms_norm_eps,
@@ -300,7 +315,8 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
       }
       const float* cos = rope.cos.data() + t0 * half_rotary;
       const float* sin = rope.sin.data() + t0 * half_rotary;
-      cpu::apply_rope(q, m, c.num_heads, head_dim, cos, sin, rotary_dim, c.rope.rotate_adjacent_pairs);
+      cpu::apply_rope(q, m, c.num_heads, head_dim, cos, sin, rotary_dim,
+                      c.rope.rotate_adjacent_pairs);
       cpu::apply_rope(s.k.data(), m, c.num_kv_heads, head_dim, cos, sin, rotary_dim,
                       c.rope.rotate_adjacent_pairs);
       // Append to every cache head; after a per-query-head compression a KV head feeds g caches.
@@ -308,7 +324,9 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
       for (int64_t t = 0; t < m; ++t) {
         for (int head = 0; head < cache.heads; ++head) {
           const int64_t source = (t * c.num_kv_heads + head / source_group) * head_dim;
-          const int64_t slot = (static_cast<int64_t>(head) * cache.capacity + cache.lengths[head] + t0 + t) * head_dim;
+          const int64_t slot =
+              (static_cast<int64_t>(head) * cache.capacity + cache.lengths[head] + t0 + t) *
+              head_dim;
           std::memcpy(cache.keys.data() + slot, s.k.data() + source, sizeof(float) * head_dim);
           std::memcpy(cache.values.data() + slot, s.v.data() + source, sizeof(float) * head_dim);
         }
@@ -322,8 +340,10 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
       std::vector<const float*> key_heads(cache.heads), value_heads(cache.heads);
       std::vector<int64_t> lengths(cache.heads);
       for (int head = 0; head < cache.heads; ++head) {
-        key_heads[head] = cache.keys.data() + static_cast<int64_t>(head) * cache.capacity * head_dim;
-        value_heads[head] = cache.values.data() + static_cast<int64_t>(head) * cache.capacity * head_dim;
+        key_heads[head] =
+            cache.keys.data() + static_cast<int64_t>(head) * cache.capacity * head_dim;
+        value_heads[head] =
+            cache.values.data() + static_cast<int64_t>(head) * cache.capacity * head_dim;
         lengths[head] = cache.lengths[head];
       }
       cpu::CompressedDecodeShape shape;
@@ -332,8 +352,8 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
       shape.head_dim = head_dim;
       shape.scale = scale;
       shape.per_query_head = cache.heads != c.num_kv_heads;
-      cpu::compressed_decode_attention(s.q.data(), key_heads.data(), value_heads.data(), lengths.data(),
-                                       shape, s.attention_out.data());
+      cpu::compressed_decode_attention(s.q.data(), key_heads.data(), value_heads.data(),
+                                       lengths.data(), shape, s.attention_out.data());
     } else {
       cpu::AttentionShape shape;
       shape.tokens = n;
@@ -360,8 +380,8 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
         s.work.prefill_keys_dense += plan.keys_read_dense();
         if (!plan.dense) {
           shape.window = 0;
-          cpu::block_sparse_attention(s.q.data(), cache.keys.data(), cache.values.data(), shape, plan,
-                                      s.attention_out.data());
+          cpu::block_sparse_attention(s.q.data(), cache.keys.data(), cache.values.data(), shape,
+                                      plan, s.attention_out.data());
           done = true;
         }
         if (s.record_plans) s.plans.push_back(std::move(plan));
@@ -375,8 +395,8 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
     for (int64_t t0 = 0; t0 < n; t0 += chunk) {
       const int64_t m = std::min(chunk, n - t0);
       float* residual = s.hidden.data() + t0 * hidden;
-      cpu::linear(s.attention_out.data() + t0 * q_width, m, q_width, layer.o_proj.data, layer.o_bias.data,
-                  hidden, s.projected.data());
+      cpu::linear(s.attention_out.data() + t0 * q_width, m, q_width, layer.o_proj.data,
+                  layer.o_bias.data, hidden, s.projected.data());
       cpu::add_inplace(residual, s.projected.data(), m * hidden);
       cpu::rms_norm(residual, layer.mlp_norm.data, m, hidden, c.rms_norm_eps, s.normed.data());
       cpu::linear(s.normed.data(), m, hidden, layer.gate_proj.data, nullptr, c.intermediate_size,
@@ -388,7 +408,8 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
                   s.projected.data());
       cpu::add_inplace(residual, s.projected.data(), m * hidden);
     }
-    if (progress_ && n > chunk) progress_(static_cast<int64_t>(layer_index + 1) * n / c.num_layers, n);
+    if (progress_ && n > chunk)
+      progress_(static_cast<int64_t>(layer_index + 1) * n / c.num_layers, n);
   }
   s.position += static_cast<int>(n);
   s.window_count = std::min<int>(s.window, s.window_count + static_cast<int>(n));

@@ -1,7 +1,8 @@
-// The generic decoder: one forward pass over new tokens, appending their keys and values to the KV cache.
-// Per-family differences (bias, q/k norm, RoPE variant, tied classifier) come from ModelConfig flags.
-// Attention policies (src/attention) decide which keys each head reads during prefill and which cache
-// entries survive compression; this class runs their plans on the CPU backend.
+// The generic decoder: one forward pass over new tokens, appending their keys and values to the KV
+// cache. Per-family differences (bias, q/k norm, RoPE variant, tied classifier) come from
+// ModelConfig flags. Attention policies (src/attention) decide which keys each head reads during
+// prefill and which cache entries survive compression; this class runs their plans on the CPU
+// backend.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +27,7 @@ struct AttentionWork {
   bool compressed = false;
   int64_t cache_entries_before = 0;  // summed over layers and cache heads
   int64_t cache_entries_after = 0;
-  size_t cache_bytes_before = 0;     // allocated cache memory just before / after compressing
+  size_t cache_bytes_before = 0;  // allocated cache memory just before / after compressing
   size_t cache_bytes_after = 0;
 };
 
@@ -39,10 +40,10 @@ class Transformer {
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
 
-  // Runs `tokens` at positions [position(), position() + n), appends their keys/values to the cache and
-  // returns fp32 logits: [n, vocab] row-major when all_logits, else [vocab] for the last token.
-  // The first call after reset() is the prefill, where the prefill policy applies; the decode policy
-  // compresses the cache once, after the prefill or after its number of generated tokens.
+  // Runs `tokens` at positions [position(), position() + n), appends their keys/values to the cache
+  // and returns fp32 logits: [n, vocab] row-major when all_logits, else [vocab] for the last token.
+  // The first call after reset() is the prefill, where the prefill policy applies; the decode
+  // policy compresses the cache once, after the prefill or after its number of generated tokens.
   // Throws Error if the tokens do not fit in the context or an id is out of the vocabulary.
   std::vector<float> forward(std::span<const int32_t> tokens, bool all_logits = false);
 

@@ -1,6 +1,7 @@
-// llama2.c checkpoints: a header of seven int32 (dim, hidden_dim, layers, heads, kv_heads, vocab_size,
-// seq_len; a negative vocab size means an untied classifier follows) and then fp32 weights, each layer's
-// matrices stacked per kind. The weights are used in place from the memory map.
+// llama2.c checkpoints: a header of seven int32 (dim, hidden_dim, layers, heads, kv_heads,
+// vocab_size, seq_len; a negative vocab size means an untied classifier follows) and then fp32
+// weights, each layer's matrices stacked per kind. The weights are used in place from the memory
+// map.
 #include <cstdint>
 #include <cstring>
 #include <string>

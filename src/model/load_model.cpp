@@ -12,7 +12,8 @@ ModelWeights load_model(const std::string& path, LoadProgress progress, void* pr
   if (error || !fs::exists(status)) throw Error("model path '" + path + "' does not exist");
   if (fs::is_directory(status)) return load_hf_model(path, progress, progress_user);
   if (fs::is_regular_file(status)) return load_llama2c_model(path);
-  throw Error("model path '" + path + "' is neither a Hugging Face model folder nor a checkpoint file");
+  throw Error("model path '" + path +
+              "' is neither a Hugging Face model folder nor a checkpoint file");
 }
 
 }  // namespace entropyinfer

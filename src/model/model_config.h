@@ -1,12 +1,12 @@
-// What a decoder-only checkpoint is: sizes, and the few switches by which the supported families differ
-// (attention bias, q/k norm, tied embeddings, RoPE variant). One generic decoder reads these flags.
+// What a decoder-only checkpoint is: sizes, and the few switches by which the supported families
+// differ (attention bias, q/k norm, tied embeddings, RoPE variant). One generic decoder reads these
+// flags.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace entropyinfer {
 
@@ -43,9 +43,9 @@ struct ModelConfig {
   int vocab_size = 0;
   int max_position_embeddings = 0;
   float rms_norm_eps = 1e-6f;
-  bool qkv_bias = false;   // Qwen2, openPangu
-  bool o_bias = false;     // openPangu
-  bool qk_norm = false;    // Qwen3
+  bool qkv_bias = false;  // Qwen2, openPangu
+  bool o_bias = false;    // openPangu
+  bool qk_norm = false;   // Qwen3
   bool tied_embeddings = false;
   std::optional<int> sliding_window;  // Mistral v0.1; recorded, full attention within it
   RopeConfig rope;
@@ -56,8 +56,8 @@ struct ModelConfig {
   int64_t parameter_count() const;
 };
 
-// Parses a Hugging Face config.json; throws Error naming the field on missing or contradictory values
-// and on unsupported architectures.
+// Parses a Hugging Face config.json; throws Error naming the field on missing or contradictory
+// values and on unsupported architectures.
 ModelConfig parse_hf_config(const nlohmann::json& config_json);
 ModelConfig load_hf_config(const std::string& config_path);
 

@@ -1,6 +1,6 @@
 // Weights of one model in the layout the CPU backend computes with: fp32, row-major, each matrix
-// [out_features, in_features] as in PyTorch's nn.Linear. fp32 checkpoints are used in place from the
-// memory map; bf16 and f16 ones are widened once at load time into owned buffers.
+// [out_features, in_features] as in PyTorch's nn.Linear. fp32 checkpoints are used in place from
+// the memory map; bf16 and f16 ones are widened once at load time into owned buffers.
 #pragma once
 
 #include <cstdint>

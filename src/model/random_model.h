@@ -1,5 +1,5 @@
-// Models of a real shape with random weights: speed does not depend on the values, so benchmarks use
-// these where no checkpoint of the shape can be downloaded.
+// Models of a real shape with random weights: speed does not depend on the values, so benchmarks
+// use these where no checkpoint of the shape can be downloaded.
 #pragma once
 
 #include <cstdint>
@@ -10,8 +10,8 @@
 namespace entropyinfer {
 
 // Named shapes: "llama-100m" (hidden 768, 12 layers, 12/4 heads, MLP 2048, vocab 32000, tied; about
-// 100M parameters), "heads-32x8x128" (Llama-3-8B's attention layout on 2 narrow layers). Throws Error
-// for an unknown name.
+// 100M parameters), "heads-32x8x128" (Llama-3-8B's attention layout on 2 narrow layers). Throws
+// Error for an unknown name.
 ModelConfig random_model_config(const std::string& name);
 
 // Weights drawn uniformly from [-scale, scale] with scale 1/sqrt(fan_in); norms at 1.

@@ -116,9 +116,10 @@ AttentionConfig AttentionOptions::resolve() const {
 
 std::string describe_attention_work(const AttentionConfig& config, const AttentionWork& work) {
   char line[512];
-  const double fraction = work.prefill_keys_dense > 0
-                              ? static_cast<double>(work.prefill_keys_read) / work.prefill_keys_dense
-                              : 1.0;
+  const double fraction =
+      work.prefill_keys_dense > 0
+          ? static_cast<double>(work.prefill_keys_read) / work.prefill_keys_dense
+          : 1.0;
   int written = std::snprintf(line, sizeof(line),
                               "attention: prefill %s read %.1f%% of full attention's keys",
                               prefill_method_name(config.prefill).c_str(), 100.0 * fraction);

@@ -1,4 +1,5 @@
-// Command-line flags for the attention policies. Every parameter of the method has a flag; a JSON file
+// Command-line flags for the attention policies. Every parameter of the method has a flag; a JSON
+// file
 // (--attention-config) gives the base, flags override it, and the result goes through the same JSON
 // reader and validation as the file, so both spell the parameters the same way.
 #pragma once

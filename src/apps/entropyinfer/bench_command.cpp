@@ -1,6 +1,6 @@
-// `entropyinfer bench`: prefill and decode speed on the CPU backend, printed next to the physical floor
-// measured in the same run (decode must stream every weight once per token, so memory bandwidth bounds
-// it). Markdown table on stdout, JSON on request.
+// `entropyinfer bench`: prefill and decode speed on the CPU backend, printed next to the physical
+// floor measured in the same run (decode must stream every weight once per token, so memory
+// bandwidth bounds it). Markdown table on stdout, JSON on request.
 #include <omp.h>
 
 #include <algorithm>
@@ -71,9 +71,9 @@ double weight_bytes_per_token(const ModelWeights& weights) {
   double total = static_cast<double>(weights.lm_head.numel()) + weights.final_norm.numel();
   for (const LayerWeights& layer : weights.layers) {
     for (const WeightView* view :
-         {&layer.attn_norm, &layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.q_bias, &layer.k_bias,
-          &layer.v_bias, &layer.o_proj, &layer.o_bias, &layer.q_norm, &layer.k_norm, &layer.mlp_norm,
-          &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
+         {&layer.attn_norm, &layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.q_bias,
+          &layer.k_bias, &layer.v_bias, &layer.o_proj, &layer.o_bias, &layer.q_norm, &layer.k_norm,
+          &layer.mlp_norm, &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
       total += static_cast<double>(view->numel());
     }
   }
@@ -117,11 +117,13 @@ void run_bench(const BenchArgs& args) {
       auto start = Clock::now();
       std::vector<float> logits = model.forward(prompt);
       const double prefill = seconds_since(start);
-      int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      int32_t next =
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
       start = Clock::now();
       for (int step = 0; step < args.decode_tokens; ++step) {
         logits = model.forward(std::span(&next, 1));
-        next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        next =
+            static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
       }
       const double decode = seconds_since(start);
       if (repetition > 0) {
@@ -153,9 +155,10 @@ void run_bench(const BenchArgs& args) {
                        {"decode_seconds_median", median(decode_times)}});
   }
   std::printf("%s", table.str().c_str());
-  std::printf("\nmemory copy bandwidth %.2f GB/s (read+write); weights read per decode token %.1f MiB; "
-              "%d threads\n",
-              bandwidth / 1e9, weight_bytes / 1048576.0, omp_get_max_threads());
+  std::printf(
+      "\nmemory copy bandwidth %.2f GB/s (read+write); weights read per decode token %.1f MiB; "
+      "%d threads\n",
+      bandwidth / 1e9, weight_bytes / 1048576.0, omp_get_max_threads());
   if (!args.json_path.empty()) {
     const std::time_t now = std::time(nullptr);
     char date[32];
@@ -184,7 +187,8 @@ void register_bench(CLI::App& app) {
       ->delimiter(',');
   command->add_option("-n,--decode-tokens", args->decode_tokens, "Tokens decoded per measurement")
       ->capture_default_str();
-  command->add_option("-r,--repetitions", args->repetitions, "Timed repetitions (median is reported)")
+  command
+      ->add_option("-r,--repetitions", args->repetitions, "Timed repetitions (median is reported)")
       ->capture_default_str();
   command->add_option("--json", args->json_path, "Also write the results as JSON to this file");
   command->callback([args] { run_bench(*args); });

@@ -1,5 +1,5 @@
-// Pieces the subcommands share: loading a model with a progress line, finding its tokenizer, reading
-// the prompt, and the resource summary.
+// Pieces the subcommands share: loading a model with a progress line, finding its tokenizer,
+// reading the prompt, and the resource summary.
 #pragma once
 
 #include <memory>

@@ -98,10 +98,11 @@ void run_generate(const GenerateArgs& args) {
   for (int32_t id : tokenizer->eos_ids()) options.stop_token_ids.push_back(id);
   options.stop_strings = stop_strings;
 
-  const GenerationResult result = generate(model, *tokenizer, prompt, options, [](std::string_view piece) {
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
-  });
+  const GenerationResult result =
+      generate(model, *tokenizer, prompt, options, [](std::string_view piece) {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      });
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (!args.quiet) {
@@ -109,11 +110,13 @@ void run_generate(const GenerateArgs& args) {
                  "\nprompt tokens: %d | prefill: %.3f s (%.1f tokens/s) | generated: %zu tokens, "
                  "decode %.1f tokens/s | stop: %s | KV cache %.1f MiB | peak memory %.1f MiB\n",
                  result.prompt_tokens, result.prefill_seconds,
-                 result.prompt_tokens / std::max(result.prefill_seconds, 1e-9), result.tokens.size(),
-                 result.decode_steps / std::max(result.decode_seconds, 1e-9), result.stop_reason.c_str(),
-                 model.kv_cache_bytes() / 1048576.0, peak_resident_mib());
+                 result.prompt_tokens / std::max(result.prefill_seconds, 1e-9),
+                 result.tokens.size(), result.decode_steps / std::max(result.decode_seconds, 1e-9),
+                 result.stop_reason.c_str(), model.kv_cache_bytes() / 1048576.0,
+                 peak_resident_mib());
     if (attention.prefill != PrefillMethod::kFull || attention.decode != DecodeMethod::kFull) {
-      std::fprintf(stderr, "%s\n", describe_attention_work(attention, model.attention_work()).c_str());
+      std::fprintf(stderr, "%s\n",
+                   describe_attention_work(attention, model.attention_work()).c_str());
     }
   }
 }
@@ -123,11 +126,13 @@ void run_generate(const GenerateArgs& args) {
 void register_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* command = app.add_subcommand("generate", "Generate text from a prompt");
-  command->add_option("-m,--model", args->model,
-                      "Hugging Face model folder or llama2.c checkpoint (.bin)")
+  command
+      ->add_option("-m,--model", args->model,
+                   "Hugging Face model folder or llama2.c checkpoint (.bin)")
       ->required();
-  command->add_option("--tokenizer", args->tokenizer,
-                      "Tokenizer file (default: the model folder's own, or tok*.bin beside a .bin)");
+  command->add_option(
+      "--tokenizer", args->tokenizer,
+      "Tokenizer file (default: the model folder's own, or tok*.bin beside a .bin)");
   command->add_option("-p,--prompt", args->prompt, "Prompt text");
   command->add_option("-f,--prompt-file", args->prompt_file, "Read the prompt from a file");
   command->add_option("-n,--max-tokens", args->max_tokens, "Most tokens to generate")
@@ -137,16 +142,19 @@ void register_generate(CLI::App& app) {
   command->add_option("-t,--temperature", args->temperature, "Sampling temperature; 0 is greedy")
       ->capture_default_str();
   command->add_option("--top-k", args->top_k, "Sample among the k most likely tokens (0: all)");
-  command->add_option("--top-p", args->top_p, "Nucleus sampling mass (1: off)")->capture_default_str();
+  command->add_option("--top-p", args->top_p, "Nucleus sampling mass (1: off)")
+      ->capture_default_str();
   command->add_option("-s,--seed", args->seed, "Random seed")->capture_default_str();
-  command->add_option("--sampler", args->sampler,
-                      "standard, or llama2c to reproduce llama2.c's run.c sampling exactly")
+  command
+      ->add_option("--sampler", args->sampler,
+                   "standard, or llama2c to reproduce llama2.c's run.c sampling exactly")
       ->check(CLI::IsMember({"standard", "llama2c"}))
       ->capture_default_str();
   command->add_option("--stop", args->stop, "Stop when this text appears (repeatable)");
   command->add_flag("--no-bos", args->no_bos, "Do not prepend the BOS token");
   command->add_flag("-q,--quiet", args->quiet, "No timing summary");
-  command->add_flag("--chat", args->chat, "Wrap the prompt as a user turn in the model's chat format");
+  command->add_flag("--chat", args->chat,
+                    "Wrap the prompt as a user turn in the model's chat format");
   command->add_option("--system", args->system, "System message for --chat");
   command->add_option("--chat-format", args->chat_format,
                       "Chat format instead of the one recognised in tokenizer_config.json "

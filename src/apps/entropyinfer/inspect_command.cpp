@@ -1,6 +1,6 @@
-// `entropyinfer inspect`: run a prefill with a sparse method and write what it decided, per layer, KV
-// head and segment: the entropy of the block estimate, the rigid/dynamic class, the budget and the blocks
-// read, as JSON, plus heatmaps of entropy and budget (SVG).
+// `entropyinfer inspect`: run a prefill with a sparse method and write what it decided, per layer,
+// KV head and segment: the entropy of the block estimate, the rigid/dynamic class, the budget and
+// the blocks read, as JSON, plus heatmaps of entropy and budget (SVG).
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -32,7 +32,8 @@ struct InspectArgs {
 void run_inspect(const InspectArgs& args) {
   AttentionConfig attention = args.attention.resolve();
   if (attention.prefill == PrefillMethod::kFull) {
-    throw Error("inspect shows a sparse prefill's decisions: pass --prefill entropy or critiprefill");
+    throw Error(
+        "inspect shows a sparse prefill's decisions: pass --prefill entropy or critiprefill");
   }
   const std::string text = read_prompt(args.prompt, args.prompt_file);
   ModelWeights weights = load_model_with_progress(args.model);
@@ -42,7 +43,8 @@ void run_inspect(const InspectArgs& args) {
   const std::vector<int32_t> prompt = tokenizer->encode(text, encode);
   if (weights.config.max_position_embeddings > 0 &&
       static_cast<int64_t>(prompt.size()) > weights.config.max_position_embeddings) {
-    throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the model's " +
+    throw Error("the prompt has " + std::to_string(prompt.size()) +
+                " tokens, more than the model's " +
                 std::to_string(weights.config.max_position_embeddings) + "-token context");
   }
   Transformer model(weights, static_cast<int>(prompt.size()), attention);
@@ -62,10 +64,22 @@ void run_inspect(const InspectArgs& args) {
   for (const LayerPrefillPlan& plan : plans) segments = std::max(segments, plan.num_segments);
   const int rows = config.num_layers * config.num_kv_heads;
   const double blank = std::numeric_limits<double>::quiet_NaN();
-  Heatmap entropy_map{"Block-estimate entropy per (layer, KV head) and query segment", "query segment",
-                      "layer / KV head", rows, std::max(segments, 1), {}, {}, "entropy (nats)"};
-  Heatmap budget_map{"Budget (tokens) per (layer, KV head) and query segment", "query segment",
-                     "layer / KV head", rows, std::max(segments, 1), {}, {}, "budget (tokens)"};
+  Heatmap entropy_map{"Block-estimate entropy per (layer, KV head) and query segment",
+                      "query segment",
+                      "layer / KV head",
+                      rows,
+                      std::max(segments, 1),
+                      {},
+                      {},
+                      "entropy (nats)"};
+  Heatmap budget_map{"Budget (tokens) per (layer, KV head) and query segment",
+                     "query segment",
+                     "layer / KV head",
+                     rows,
+                     std::max(segments, 1),
+                     {},
+                     {},
+                     "budget (tokens)"};
   entropy_map.values.assign(static_cast<size_t>(rows) * entropy_map.columns, blank);
   budget_map.values.assign(entropy_map.values.size(), blank);
   int rigid_heads = 0, classified_heads = 0;
@@ -81,7 +95,8 @@ void run_inspect(const InspectArgs& args) {
       nlohmann::json head_segments = nlohmann::json::array();
       for (int segment = 0; segment < plan.num_segments; ++segment) {
         const int row = head * plan.num_segments + segment;
-        nlohmann::json entry = {{"segment", segment}, {"sparse", plan.segment_sparse[segment] != 0}};
+        nlohmann::json entry = {{"segment", segment},
+                                {"sparse", plan.segment_sparse[segment] != 0}};
         const size_t cell = (layer * config.num_kv_heads + head) * entropy_map.columns + segment;
         if (!plan.entropy.empty()) {
           entry["entropy"] = plan.entropy[row];
@@ -100,7 +115,8 @@ void run_inspect(const InspectArgs& args) {
         }
         head_segments.push_back(std::move(entry));
       }
-      heads.push_back({{"kv_head", head}, {"class", rigid ? "rigid" : "dynamic"}, {"segments", head_segments}});
+      heads.push_back(
+          {{"kv_head", head}, {"class", rigid ? "rigid" : "dynamic"}, {"segments", head_segments}});
     }
     layers.push_back({{"layer", layer},
                       {"dense", plan.dense},
@@ -125,15 +141,19 @@ void run_inspect(const InspectArgs& args) {
       {"rigid_heads", rigid_heads},
       {"classified_heads", classified_heads},
       {"fraction_of_full_attention_keys",
-       work.prefill_keys_dense > 0 ? static_cast<double>(work.prefill_keys_read) / work.prefill_keys_dense : 1.0},
+       work.prefill_keys_dense > 0
+           ? static_cast<double>(work.prefill_keys_read) / work.prefill_keys_dense
+           : 1.0},
       {"layers", layers}};
   const std::filesystem::path out(args.out_dir);
   std::ofstream(out / "plans.json") << document.dump(1) << "\n";
   write_heatmap_svg(entropy_map, (out / "entropy.svg").string());
   write_heatmap_svg(budget_map, (out / "budget.svg").string());
-  std::printf("%zu prompt tokens, %d layers x %d KV heads, %d segments of %d tokens\n", prompt.size(),
-              config.num_layers, config.num_kv_heads, segments, attention.prefill_params.segment_size);
-  std::printf("rigid heads: %d of %d classified (layer, KV head) pairs\n", rigid_heads, classified_heads);
+  std::printf("%zu prompt tokens, %d layers x %d KV heads, %d segments of %d tokens\n",
+              prompt.size(), config.num_layers, config.num_kv_heads, segments,
+              attention.prefill_params.segment_size);
+  std::printf("rigid heads: %d of %d classified (layer, KV head) pairs\n", rigid_heads,
+              classified_heads);
   std::printf("%s\n", describe_attention_work(attention, work).c_str());
   std::printf("wrote %s, %s, %s\n", (out / "plans.json").c_str(), (out / "entropy.svg").c_str(),
               (out / "budget.svg").c_str());
@@ -143,8 +163,8 @@ void run_inspect(const InspectArgs& args) {
 
 void register_inspect(CLI::App& app) {
   auto args = std::make_shared<InspectArgs>();
-  CLI::App* command =
-      app.add_subcommand("inspect", "Write a sparse prefill's per-head decisions as JSON and heatmaps");
+  CLI::App* command = app.add_subcommand(
+      "inspect", "Write a sparse prefill's per-head decisions as JSON and heatmaps");
   command->add_option("-m,--model", args->model, "Model folder or llama2.c checkpoint")->required();
   command->add_option("--tokenizer", args->tokenizer, "Tokenizer file");
   command->add_option("-p,--prompt", args->prompt, "Prompt text");

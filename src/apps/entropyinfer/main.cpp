@@ -1,6 +1,5 @@
 // entropyinfer: the command-line tool. Subcommands stay thin; the engine lives in the library.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 
 #include "apps/entropyinfer/commands.h"

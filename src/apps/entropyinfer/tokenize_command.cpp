@@ -55,7 +55,8 @@ void run_tokenize(const TokenizeArgs& args) {
 void register_tokenize(CLI::App& app) {
   auto args = std::make_shared<TokenizeArgs>();
   CLI::App* command = app.add_subcommand("tokenize", "Split text into tokens");
-  command->add_option("-m,--model", args->model, "Model folder or checkpoint whose tokenizer to use");
+  command->add_option("-m,--model", args->model,
+                      "Model folder or checkpoint whose tokenizer to use");
   command->add_option("--tokenizer", args->tokenizer, "Tokenizer file or folder");
   command->add_option("-p,--prompt", args->prompt, "Text to tokenize");
   command->add_option("-f,--prompt-file", args->prompt_file, "Read the text from a file");

@@ -57,14 +57,15 @@ inline void linear_tile(const float* x, int64_t t0, int64_t in, const float* w, 
   }
 }
 
-// Rows of one tile for a given token count: a 3x4 tile keeps 12 accumulators plus the operands within
-// 16 vector registers; a single token (decode) reads 4 weight rows per pass.
+// Rows of one tile for a given token count: a 3x4 tile keeps 12 accumulators plus the operands
+// within 16 vector registers; a single token (decode) reads 4 weight rows per pass.
 template <int Tokens>
 void linear_rows(const float* x, int64_t t0, int64_t in, const float* w, const float* bias,
                  int64_t row_begin, int64_t row_end, int64_t out, float* y) {
   constexpr int kRows = Tokens == 1 ? 4 : 3;
   int64_t o = row_begin;
-  for (; o + kRows <= row_end; o += kRows) linear_tile<kRows, Tokens>(x, t0, in, w, bias, o, out, y);
+  for (; o + kRows <= row_end; o += kRows)
+    linear_tile<kRows, Tokens>(x, t0, in, w, bias, o, out, y);
   for (; o < row_end; ++o) linear_tile<1, Tokens>(x, t0, in, w, bias, o, out, y);
 }
 
@@ -73,7 +74,8 @@ __attribute__((target_clones("arch=haswell", "default"))) void linear_kernel(
     float* y) {
   // Rows are split into chunks small enough that a chunk of weights stays in L2 while every token
   // block passes over it.
-  const int64_t row_chunk = std::max<int64_t>(12, std::min<int64_t>(96, (1 << 18) / std::max<int64_t>(in, 1) / 12 * 12));
+  const int64_t row_chunk =
+      std::max<int64_t>(12, std::min<int64_t>(96, (1 << 18) / std::max<int64_t>(in, 1) / 12 * 12));
   const int64_t chunks = (out + row_chunk - 1) / row_chunk;
 #pragma omp parallel for schedule(static) if (tokens * in * out > (1 << 16))
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
@@ -96,12 +98,13 @@ __attribute__((target_clones("arch=haswell", "default"))) float dot(const float*
 
 }  // namespace
 
-void linear(const float* x, int64_t tokens, int64_t in, const float* w, const float* bias, int64_t out,
-            float* y) {
+void linear(const float* x, int64_t tokens, int64_t in, const float* w, const float* bias,
+            int64_t out, float* y) {
   linear_kernel(x, tokens, in, w, bias, out, y);
 }
 
-void rms_norm(const float* x, const float* weight, int64_t rows, int64_t size, float eps, float* out) {
+void rms_norm(const float* x, const float* weight, int64_t rows, int64_t size, float eps,
+              float* out) {
 #pragma omp parallel for schedule(static) if (rows > 16)
   for (int64_t row = 0; row < rows; ++row) {
     const float* in_row = x + row * size;
@@ -163,8 +166,8 @@ void causal_attention(const float* q, const float* key_cache, const float* value
   const int64_t group = shape.q_heads / shape.kv_heads;
   const int64_t head_dim = shape.head_dim;
   const int64_t total = shape.tokens * shape.q_heads;
-  // Threads pay off only when there is enough work to hide their start-up (tiny models decode faster
-  // on one core).
+  // Threads pay off only when there is enough work to hide their start-up (tiny models decode
+  // faster on one core).
   const int64_t work = total * (shape.first_position + shape.tokens) * head_dim;
 #pragma omp parallel if (work > (1 << 18))
   {

@@ -1,5 +1,6 @@
-// The CPU backend's ops: the readable reference every other backend is tested against, and fast enough
-// to run small models for real (SIMD micro-kernels, OpenMP over both cores, fp32 accumulation).
+// The CPU backend's ops: the readable reference every other backend is tested against, and fast
+// enough to run small models for real (SIMD micro-kernels, OpenMP over both cores, fp32
+// accumulation).
 #pragma once
 
 #include <cstdint>
@@ -7,13 +8,14 @@
 
 namespace entropyinfer::cpu {
 
-// y[t][o] = sum_k x[t][k] * w[o][k] (+ bias[o]); x is [tokens, in], w is [out, in] (nn.Linear layout),
-// y is [tokens, out]. bias may be null.
-void linear(const float* x, int64_t tokens, int64_t in, const float* w, const float* bias, int64_t out,
-            float* y);
+// y[t][o] = sum_k x[t][k] * w[o][k] (+ bias[o]); x is [tokens, in], w is [out, in] (nn.Linear
+// layout), y is [tokens, out]. bias may be null.
+void linear(const float* x, int64_t tokens, int64_t in, const float* w, const float* bias,
+            int64_t out, float* y);
 
 // out[t] = x[t] / rms(x[t]) * weight, rows of `size`; out may alias x.
-void rms_norm(const float* x, const float* weight, int64_t rows, int64_t size, float eps, float* out);
+void rms_norm(const float* x, const float* weight, int64_t rows, int64_t size, float eps,
+              float* out);
 
 // x[i] += y[i]
 void add_inplace(float* x, const float* y, int64_t count);
@@ -24,15 +26,16 @@ void swiglu_inplace(float* gate, const float* up, int64_t count);
 // Numerically safe softmax over one row, in place.
 void softmax_inplace(float* x, int64_t count);
 
-// Rotates each head of x ([tokens, heads, head_dim]) by the angles in cos/sin ([tokens, rotary_dim/2]).
-// adjacent_pairs: rotate (x[2i], x[2i+1]) as llama2.c does; otherwise (x[i], x[i + rotary_dim/2]) as
-// Hugging Face models do.
+// Rotates each head of x ([tokens, heads, head_dim]) by the angles in cos/sin ([tokens,
+// rotary_dim/2]). adjacent_pairs: rotate (x[2i], x[2i+1]) as llama2.c does; otherwise (x[i], x[i +
+// rotary_dim/2]) as Hugging Face models do.
 void apply_rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const float* cos,
                 const float* sin, int64_t rotary_dim, bool adjacent_pairs);
 
 // Causal grouped-query attention of new queries over a key/value cache.
 //   q:   [tokens, q_heads, head_dim], the queries at positions first_position + t
-//   key_cache / value_cache: per KV head a contiguous [cache_stride, head_dim] slab, heads cache_stride
+//   key_cache / value_cache: per KV head a contiguous [cache_stride, head_dim] slab, heads
+//   cache_stride
 //        rows apart; positions 0 .. first_position + tokens - 1 must be filled.
 //   out: [tokens, q_heads, head_dim]
 // Query t sees keys 0 .. first_position + t (and, if window > 0, only the last `window` of them).
