@@ -2,7 +2,7 @@
 # Installs the Debian packages the build and tests need, only those missing. Safe to run repeatedly.
 set -euo pipefail
 packages=(cmake ninja-build g++ nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev nodejs npm
-  python3)
+  python3 clang-format)
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 scripts/fetch_tokenizers.sh
 jobs=$(nproc)
+scripts/check_format.sh
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 ninja -C build -j"$jobs"
