@@ -94,7 +94,7 @@ if [[ "${steps}" == *",attention,"* && -x "${build}/entropyinfer_gpu_bench" ]]; 
   if [[ -f "${out}/attention-ours.json" && -f "${out}/attention-sdpa.json" ]]; then
     python3 "${repo_root}/bench/gpu/attention_report.py" --ours "${out}/attention-ours.json" \
       --sdpa "${out}/attention-sdpa.json" --date "$(date -u +%Y-%m-%d)" \
-      --command "GPU_ROUND=${GPU_ROUND:-build,tests,attention} BENCH_LENGTHS=${lengths} scripts/gpu_round.sh" \
+      --command "GPU_ROUND=${GPU_ROUND:-build,tests,attention,model} BENCH_LENGTHS=${lengths} scripts/gpu_round.sh" \
       --json "${out}/attention.json" --markdown "${out}/attention.md" > /dev/null &&
       rm -f "${out}/attention-ours.json" "${out}/attention-sdpa.json"  # merged into attention.json
   fi

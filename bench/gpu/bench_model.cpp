@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/cuda_transformer.h"
 #include "bench_common.h"
 
@@ -65,7 +66,7 @@ int run_model_bench(int argc, char** argv) {
   std::string shape = "llama-3.1-8b", json_path;
   std::vector<int64_t> prefill_lengths = {16384, 32768, 65536, 131072};
   std::vector<int64_t> decode_contexts = {32768, 131072};
-  int decode_tokens = 32, chunk_tokens = 4096;
+  int decode_tokens = 32, chunk_tokens = 8192;
   for (int i = 0; i < argc; ++i) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) throw std::runtime_error("flag " + flag + " needs a value");
@@ -160,6 +161,60 @@ int run_model_bench(int argc, char** argv) {
                                 {"gpu_memory_used_bytes", used_gpu_bytes()}});
     std::cout << "decode at " << context << ": " << median_ms << " ms/token (floor " << floor_ms
               << " ms, " << median_ms / floor_ms << "x)\n";
+  }
+  // Where decode time goes: each single-token product of the shape (in-house GEMV and cuBLASLt), in
+  // GB/s of weights read, rotating over enough copies of each matrix that none is served from L2.
+  {
+    cuda::Blas blas;
+    const int64_t intermediate = config.intermediate_size, vocab = config.vocab_size;
+    struct Product {
+      const char* name;
+      int64_t in, out;
+      bool fp32_accumulate;
+    };
+    const Product products[] = {{"qkv", hidden, q_width + 2 * kv_width, false},
+                                {"o (fp32 +=)", q_width, hidden, true},
+                                {"gate_up", hidden, 2 * intermediate, false},
+                                {"down (fp32 +=)", intermediate, hidden, true},
+                                {"lm_head (fp32)", hidden, vocab, false}};
+    cuda::DeviceBuffer<cuda::bf16> x(static_cast<size_t>(std::max(hidden, intermediate)));
+    cuda::fill_uniform(x.data(), static_cast<int64_t>(x.size()), 5, 1.0f, nullptr);
+    cuda::DeviceBuffer<float> y_fp32(static_cast<size_t>(vocab));
+    cuda::DeviceBuffer<cuda::bf16> y_bf16(static_cast<size_t>(2 * intermediate));
+    for (const Product& product : products) {
+      const size_t bytes = static_cast<size_t>(product.in * product.out) * sizeof(cuda::bf16);
+      const int copies = static_cast<int>(std::max<size_t>(1, (size_t{256} << 20) / bytes + 1));
+      cuda::DeviceBuffer<cuda::bf16> weights(static_cast<size_t>(copies) * product.in *
+                                             product.out);
+      cuda::fill_uniform(weights.data(), static_cast<int64_t>(weights.size()), 6, 0.01f, nullptr);
+      for (bool gemv : {true, false}) {
+        blas.set_gemv(gemv);
+        int next = 0;
+        const Timing timing = time_runs(
+            [&] {
+              const cuda::bf16* w =
+                  weights.data() + static_cast<size_t>(next) * product.in * product.out;
+              next = (next + 1) % copies;
+              if (product.fp32_accumulate || product.out == vocab) {
+                blas.linear(x.data(), 1, product.in, w, product.out, y_fp32.data(),
+                            product.fp32_accumulate);
+              } else {
+                blas.linear(x.data(), 1, product.in, w, product.out, y_bf16.data());
+              }
+            },
+            nullptr, 3, 20, 200, 200);
+        const double gbps = static_cast<double>(bytes) / (timing.median_ms * 1e-3) / 1e9;
+        report["decode_products"].push_back({{"product", product.name},
+                                             {"in", product.in},
+                                             {"out", product.out},
+                                             {"path", gemv ? "gemv" : "cublaslt"},
+                                             {"median_us", timing.median_ms * 1e3},
+                                             {"gbps", gbps},
+                                             {"fraction_of_copy", gbps / copy_gbps}});
+        std::cout << "decode product " << product.name << " (" << (gemv ? "gemv" : "cuBLASLt")
+                  << "): " << timing.median_ms * 1e3 << " us, " << gbps << " GB/s\n";
+      }
+    }
   }
   if (!json_path.empty()) {
     std::ofstream file(json_path);

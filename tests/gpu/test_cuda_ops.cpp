@@ -82,6 +82,37 @@ TEST(CudaOps, LinearFp32OutputAccumulatesIntoStridedRows) {
   EXPECT_LE(worst, 1e-4);
 }
 
+TEST(CudaOps, SingleTokenProductsMatchCpuOnBothPaths) {
+  ENTROPYINFER_REQUIRE_GPU();
+  cuda::Blas blas;
+  // in = 100 is not a multiple of 8: that shape takes cuBLASLt even with the GEMV kernel on.
+  for (bool gemv : {true, false}) {
+    blas.set_gemv(gemv);
+    for (auto [in, out] : {std::pair{4096, 1000}, {14336, 4097}, {104, 33}, {100, 7}}) {
+      const auto x = random_bf16_values(in, 21);
+      const auto w = random_bf16_values(static_cast<size_t>(out) * in, 22, 1.0f / std::sqrt(in));
+      const auto initial = gpu_test::random_floats(out, 23);
+      std::vector<float> product(out);
+      cpu::linear(x.data(), 1, in, w.data(), nullptr, out, product.data());
+      auto x_gpu = upload_bf16(x), w_gpu = upload_bf16(w);
+      cuda::DeviceBuffer<cuda::bf16> y_bf16(out);
+      gpu_test::poison(y_bf16);
+      blas.linear(x_gpu.data(), 1, in, w_gpu.data(), out, y_bf16.data());
+      EXPECT_LE(worst_excess(download_bf16(y_bf16), product, kBf16Relative), 1e-3)
+          << (gemv ? "gemv " : "cuBLASLt ") << in << "x" << out;
+      auto y_fp32 = upload_floats(initial);
+      blas.linear(x_gpu.data(), 1, in, w_gpu.data(), out, y_fp32.data(), /*accumulate=*/true);
+      std::vector<float> expected = initial;
+      for (int o = 0; o < out; ++o) expected[o] += product[o];
+      EXPECT_LE(worst_excess(download_floats(y_fp32), expected, 1e-5), 1e-4)
+          << (gemv ? "gemv " : "cuBLASLt ") << in << "x" << out;
+      blas.linear(x_gpu.data(), 1, in, w_gpu.data(), out, y_fp32.data(), /*accumulate=*/false);
+      EXPECT_LE(worst_excess(download_floats(y_fp32), product, 1e-5), 1e-4)
+          << (gemv ? "gemv " : "cuBLASLt ") << in << "x" << out;
+    }
+  }
+}
+
 TEST(CudaOps, RmsNormMatchesCpu) {
   ENTROPYINFER_REQUIRE_GPU();
   for (auto [rows, size] : {std::pair{1, 4096}, {5, 768}, {33, 100}, {3, 5120}}) {

@@ -220,6 +220,61 @@ __global__ void fill_uniform_kernel(T* x, int64_t count, uint64_t seed, float sc
   }
 }
 
+// Sum of the products of 8 bf16 pairs packed in two 16-byte words.
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
+  const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&b);
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = __bfloat1622float2(a2[i]);
+    const float2 y = __bfloat1622float2(b2[i]);
+    sum = fmaf(x.x, y.x, fmaf(x.y, y.y, sum));
+  }
+  return sum;
+}
+
+// y[o] (+)= sum_k x[k] * w[o][k]: one warp per output row; the weights stream through with 16-byte
+// loads that skip L1, eight in flight per lane; x (small, shared by all rows) stays cached.
+template <typename Out, bool kAccumulate>
+__global__ void gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, int64_t in,
+                            int64_t out, Out* __restrict__ y) {
+  constexpr int kInFlight = 8;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= out) return;
+  const uint4* weights = reinterpret_cast<const uint4*>(w + row * in);
+  const uint4* input = reinterpret_cast<const uint4*>(x);
+  const int64_t chunks = in / 8;
+  float sum = 0.0f;
+  int64_t c = lane;
+  for (; c + 32 * (kInFlight - 1) < chunks; c += 32 * kInFlight) {
+    uint4 w_chunk[kInFlight], x_chunk[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      w_chunk[u] = __ldcs(weights + c + 32 * u);
+      x_chunk[u] = __ldg(input + c + 32 * u);
+    }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) sum += dot8(w_chunk[u], x_chunk[u]);
+  }
+  for (; c < chunks; c += 32) sum += dot8(__ldcs(weights + c), __ldg(input + c));
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane != 0) return;
+  if constexpr (std::is_same_v<Out, float>) {
+    y[row] = kAccumulate ? y[row] + sum : sum;
+  } else {
+    y[row] = __float2bfloat16(sum);
+  }
+}
+
+bool gemv_fits(const bf16* x, int64_t in, const bf16* w) {
+  return in % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+constexpr int kGemvThreads = 256;
+
 constexpr int kThreads = 256;
 
 }  // namespace
@@ -309,6 +364,13 @@ void Blas::linear(const bf16* x, int64_t tokens, int64_t in, const bf16* w, int6
                   int64_t y_stride) {
   if (tokens == 0) return;
   if (y_stride == 0) y_stride = out;
+  if (tokens == 1 && gemv_ && gemv_fits(x, in, w)) {
+    const unsigned blocks =
+        static_cast<unsigned>((out + kGemvThreads / 32 - 1) / (kGemvThreads / 32));
+    gemv_kernel<bf16, false><<<blocks, kGemvThreads, 0, stream_>>>(x, w, in, out, y);
+    check_launch("gemv");
+    return;
+  }
   run(plan_for(tokens, in, out, y_stride, false), x, w, y, false);
 }
 
@@ -316,6 +378,17 @@ void Blas::linear(const bf16* x, int64_t tokens, int64_t in, const bf16* w, int6
                   bool accumulate, int64_t y_stride) {
   if (tokens == 0) return;
   if (y_stride == 0) y_stride = out;
+  if (tokens == 1 && gemv_ && gemv_fits(x, in, w)) {
+    const unsigned blocks =
+        static_cast<unsigned>((out + kGemvThreads / 32 - 1) / (kGemvThreads / 32));
+    if (accumulate) {
+      gemv_kernel<float, true><<<blocks, kGemvThreads, 0, stream_>>>(x, w, in, out, y);
+    } else {
+      gemv_kernel<float, false><<<blocks, kGemvThreads, 0, stream_>>>(x, w, in, out, y);
+    }
+    check_launch("gemv");
+    return;
+  }
   run(plan_for(tokens, in, out, y_stride, true), x, w, y, accumulate);
 }
 

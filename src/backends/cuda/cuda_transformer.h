@@ -18,7 +18,7 @@ namespace entropyinfer::cuda {
 
 struct CudaModelOptions {
   int context_length = 0;   // 0 means the model's max_position_embeddings
-  int chunk_tokens = 4096;  // prompt tokens per pass through the layers
+  int chunk_tokens = 8192;  // prompt tokens per pass through the layers
 };
 
 // Bytes a model needs on the GPU.

@@ -12,22 +12,23 @@ namespace {
 
 using detail::FlashParams;
 
-// Prefill: 4 warps of 16 rows on 64-key tiles. Decode: one warp per (KV head, split) on 32-key
-// tiles, so that six such blocks fit a multiprocessor and keep enough loads in flight.
+// Prefill: 4 warps of 16 rows on 64-key tiles, double-buffered. Decode: one warp per (KV head,
+// split) on 32-key tiles four stages deep, so that each warp keeps three tiles of loads in flight.
 constexpr int kPrefillWarps = 4;
 constexpr int kPrefillBlockN = 64;
+constexpr int kPrefillStages = 2;
 constexpr int kDecodeWarps = 1;
 constexpr int kDecodeBlockN = 32;
+constexpr int kDecodeStages = 4;
 
-template <int kHeadDim, int kWarps, int kMmaBlockN>
+template <int kHeadDim, int kWarps, int kMmaBlockN, int kStages>
 struct MmaTile {
   static constexpr int kBlockM = 16 * kWarps;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kRowBytes = kHeadDim * 2;
   static constexpr int kKvTileBytes = kMmaBlockN * kRowBytes;
-  static constexpr int kSharedBytes =
-      kBlockM * kRowBytes + 4 * kKvTileBytes;  // Q + K, V x 2 stages
+  static constexpr int kSharedBytes = kBlockM * kRowBytes + 2 * kStages * kKvTileBytes;  // Q, K, V
 };
 
 // Rows of kHeadDim bf16, each 16-byte chunk moved by (row mod 8): the 8 rows one ldmatrix reads hit
@@ -37,19 +38,21 @@ __device__ __forceinline__ uint32_t swizzled(uint32_t tile, int row, int chunk) 
   return tile + row * (kHeadDim * 2) + ((chunk ^ (row & 7)) << 4);
 }
 
-template <int kHeadDim, int kWarps, int kMmaBlockN>
+template <int kHeadDim, int kWarps, int kMmaBlockN, int kStages>
 __global__ void __launch_bounds__(32 * kWarps) flash_mma_kernel(const FlashParams p) {
-  using Tile = MmaTile<kHeadDim, kWarps, kMmaBlockN>;
+  using Tile = MmaTile<kHeadDim, kWarps, kMmaBlockN, kStages>;
   constexpr int kBlockM = Tile::kBlockM, kChunks = Tile::kChunks, kThreads = Tile::kThreads;
   constexpr int kTilesN = kMmaBlockN / 8;  // 8-key column tiles of S
   constexpr int kTilesD = kHeadDim / 8;    // 8-wide column tiles of O
   extern __shared__ __align__(128) uint8_t shared[];
   const uint32_t q_tile = detail::shared_address(shared);
   const uint32_t k_tiles = q_tile + kBlockM * Tile::kRowBytes;
-  const uint32_t v_tiles = k_tiles + 2 * Tile::kKvTileBytes;
+  const uint32_t v_tiles = k_tiles + kStages * Tile::kKvTileBytes;
 
-  const int kv_head = blockIdx.x;
-  const int row0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;  // latest (longest) rows first
+  // Row blocks of one KV head run side by side and share its K/V in L2; latest (longest) rows
+  // first.
+  const int kv_head = blockIdx.y;
+  const int row0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
   const int split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = p.group;
@@ -88,8 +91,13 @@ __global__ void __launch_bounds__(32 * kWarps) flash_mma_kernel(const FlashParam
       detail::cp_async_16(swizzled<kHeadDim>(v_tile, r, c), v_head + offset, valid ? 16 : 0);
     }
   };
-  if (block_begin < block_end) load_kv(block_begin, 0);
-  detail::cp_async_commit();
+  // Group s of the prologue holds block_begin + s (the first also the queries); the group committed
+  // in iteration i holds block i + kStages - 1.
+#pragma unroll
+  for (int stage = 0; stage < kStages - 1; ++stage) {
+    if (block_begin + stage < block_end) load_kv(block_begin + stage, stage);
+    detail::cp_async_commit();
+  }
 
   // This thread's two rows (g and g + 8 of its warp's 16).
   const int g = lane / 4, t = lane % 4;
@@ -104,10 +112,13 @@ __global__ void __launch_bounds__(32 * kWarps) flash_mma_kernel(const FlashParam
   uint32_t qa[kHeadDim / 16][4];
 
   for (int block = block_begin; block < block_end; ++block) {
-    const int stage = (block - block_begin) & 1;
-    if (block + 1 < block_end) load_kv(block + 1, stage ^ 1);
+    const int stage = (block - block_begin) % kStages;
+    // Refills the stage the previous iteration read (every thread passed its closing barrier).
+    if (block + kStages - 1 < block_end) {
+      load_kv(block + kStages - 1, (block - block_begin + kStages - 1) % kStages);
+    }
     detail::cp_async_commit();
-    detail::cp_async_wait<1>();
+    detail::cp_async_wait<kStages - 1>();
     __syncthreads();
     if (block == block_begin) {
 #pragma unroll
@@ -237,41 +248,49 @@ __global__ void __launch_bounds__(32 * kWarps) flash_mma_kernel(const FlashParam
   }
 }
 
-// One warp per (token, query head): out = sum_s 2^(lse_s - max) * O_s / sum_s 2^(lse_s - max).
+// One block per (token, query head), one thread per output element:
+// out = sum_s 2^(lse_s - max) * O_s / sum_s 2^(lse_s - max).
 __global__ void merge_splits_kernel(const FlashParams p, int head_dim) {
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
+  extern __shared__ float weights[];  // [splits]
+  __shared__ float total;
+  const int64_t row = blockIdx.x;
   const int64_t all_rows = static_cast<int64_t>(p.tokens) * p.q_heads;
-  if (row >= all_rows) return;
-  float best = -INFINITY;
-  for (int s = lane; s < p.splits; s += 32) best = fmaxf(best, p.partial_lse[s * all_rows + row]);
-  for (int offset = 16; offset > 0; offset >>= 1)
-    best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, offset));
-  float total = 0.0f;
-  for (int s = lane; s < p.splits; s += 32)
-    total += exp2f(p.partial_lse[s * all_rows + row] - best);
-  for (int offset = 16; offset > 0; offset >>= 1)
-    total += __shfl_xor_sync(0xffffffffu, total, offset);
-  const float inverse = 1.0f / total;
+  if (threadIdx.x < 32) {
+    float best = -INFINITY;
+    for (int s = threadIdx.x; s < p.splits; s += 32)
+      best = fmaxf(best, p.partial_lse[s * all_rows + row]);
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, offset));
+    }
+    float sum = 0.0f;
+    for (int s = threadIdx.x; s < p.splits; s += 32) {
+      const float weight = exp2f(p.partial_lse[s * all_rows + row] - best);  // 0 for empty splits
+      weights[s] = weight;
+      sum += weight;
+    }
+    for (int offset = 16; offset > 0; offset >>= 1)
+      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (threadIdx.x == 0) total = sum;
+  }
+  __syncthreads();
   const int64_t token = row / p.q_heads, head = row % p.q_heads;
   bf16* out = p.out + token * p.out_token_stride + head * head_dim;
-  for (int e = lane; e < head_dim; e += 32) {
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
     float value = 0.0f;
     for (int s = 0; s < p.splits; ++s) {
-      const float lse = p.partial_lse[s * all_rows + row];
-      if (lse == -INFINITY) continue;
-      value += exp2f(lse - best) * p.partial_out[(s * all_rows + row) * head_dim + e];
+      if (weights[s] != 0.0f)
+        value += weights[s] * p.partial_out[(s * all_rows + row) * head_dim + e];
     }
-    out[e] = __float2bfloat16(value * inverse);
+    out[e] = __float2bfloat16(value / total);
   }
 }
 
-template <int kHeadDim, int kWarps, int kBlockN>
+template <int kHeadDim, int kWarps, int kBlockN, int kStages>
 void configure_mma() {
   static const bool configured = [] {
-    check(cudaFuncSetAttribute(flash_mma_kernel<kHeadDim, kWarps, kBlockN>,
+    check(cudaFuncSetAttribute(flash_mma_kernel<kHeadDim, kWarps, kBlockN, kStages>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               MmaTile<kHeadDim, kWarps, kBlockN>::kSharedBytes),
+                               MmaTile<kHeadDim, kWarps, kBlockN, kStages>::kSharedBytes),
           "cudaFuncSetAttribute(flash_mma_kernel)");
     return true;
   }();
@@ -282,29 +301,26 @@ void configure_mma() {
 template <int kHeadDim>
 int decode_blocks_per_multiprocessor() {
   static const int blocks = [] {
-    configure_mma<kHeadDim, kDecodeWarps, kDecodeBlockN>();
+    configure_mma<kHeadDim, kDecodeWarps, kDecodeBlockN, kDecodeStages>();
     int count = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-              &count, flash_mma_kernel<kHeadDim, kDecodeWarps, kDecodeBlockN>, 32 * kDecodeWarps,
-              MmaTile<kHeadDim, kDecodeWarps, kDecodeBlockN>::kSharedBytes),
+              &count, flash_mma_kernel<kHeadDim, kDecodeWarps, kDecodeBlockN, kDecodeStages>,
+              32 * kDecodeWarps,
+              MmaTile<kHeadDim, kDecodeWarps, kDecodeBlockN, kDecodeStages>::kSharedBytes),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     return std::max(1, count);
   }();
   return blocks;
 }
 
-template <int kHeadDim, int kWarps, int kBlockN>
+template <int kHeadDim, int kWarps, int kBlockN, int kStages>
 void launch_mma(const FlashParams& params, cudaStream_t stream) {
-  using Tile = MmaTile<kHeadDim, kWarps, kBlockN>;
-  configure_mma<kHeadDim, kWarps, kBlockN>();
+  using Tile = MmaTile<kHeadDim, kWarps, kBlockN, kStages>;
+  configure_mma<kHeadDim, kWarps, kBlockN, kStages>();
   const int64_t row_blocks =
       (static_cast<int64_t>(params.rows) + Tile::kBlockM - 1) / Tile::kBlockM;
-  if (row_blocks > 65535) {
-    throw Error("attention: too many query rows for one launch (" + std::to_string(params.rows) +
-                ")");
-  }
-  const dim3 grid(params.kv_heads, static_cast<unsigned>(row_blocks), params.splits);
-  flash_mma_kernel<kHeadDim, kWarps, kBlockN>
+  const dim3 grid(static_cast<unsigned>(row_blocks), params.kv_heads, params.splits);
+  flash_mma_kernel<kHeadDim, kWarps, kBlockN, kStages>
       <<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(params);
   check_launch("flash_mma_kernel");
 }
@@ -375,9 +391,9 @@ void flash_prefill(const bf16* q, const bf16* key_cache, const bf16* value_cache
     return;
   }
   if (shape.head_dim == 128) {
-    launch_mma<128, kPrefillWarps, kPrefillBlockN>(params, stream);
+    launch_mma<128, kPrefillWarps, kPrefillBlockN, kPrefillStages>(params, stream);
   } else {
-    launch_mma<64, kPrefillWarps, kPrefillBlockN>(params, stream);
+    launch_mma<64, kPrefillWarps, kPrefillBlockN, kPrefillStages>(params, stream);
   }
 }
 
@@ -399,8 +415,9 @@ int flash_decode_splits(const FlashShape& shape, int requested_splits) {
         std::max<int64_t>(1, static_cast<int64_t>(per_multiprocessor) * multiprocessors / base);
     splits = std::min<int64_t>(splits, std::max<int64_t>(1, key_blocks / 2));
   }
+  // At most one split per key tile, and few enough for the merge's weights to sit in shared memory.
   splits =
-      std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, std::min<int64_t>(key_blocks, 65535)));
+      std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, std::min<int64_t>(key_blocks, 4096)));
   return static_cast<int>(splits);
 }
 
@@ -428,15 +445,15 @@ void flash_decode(const bf16* q, const bf16* key_cache, const bf16* value_cache,
         workspace + static_cast<size_t>(splits) * shape.tokens * shape.q_heads * shape.head_dim;
   }
   if (shape.head_dim == 128) {
-    launch_mma<128, kDecodeWarps, kDecodeBlockN>(params, stream);
+    launch_mma<128, kDecodeWarps, kDecodeBlockN, kDecodeStages>(params, stream);
   } else {
-    launch_mma<64, kDecodeWarps, kDecodeBlockN>(params, stream);
+    launch_mma<64, kDecodeWarps, kDecodeBlockN, kDecodeStages>(params, stream);
   }
   if (splits > 1) {
     const int64_t rows = shape.tokens * shape.q_heads;
-    const int threads = 128;
-    merge_splits_kernel<<<static_cast<unsigned>((rows * 32 + threads - 1) / threads), threads, 0,
-                          stream>>>(params, static_cast<int>(shape.head_dim));
+    merge_splits_kernel<<<static_cast<unsigned>(rows), static_cast<unsigned>(shape.head_dim),
+                          sizeof(float) * splits, stream>>>(params,
+                                                            static_cast<int>(shape.head_dim));
     check_launch("merge_splits_kernel");
   }
 }

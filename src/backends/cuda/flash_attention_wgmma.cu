@@ -222,8 +222,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashPar
   const uint32_t q_tile = (shared_address(shared_raw) + 1023u) & ~1023u;
   const uint32_t stage_tiles = q_tile + Layout::kQBytes;
 
-  const int kv_head = blockIdx.x;
-  const int row0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;  // latest (longest) rows first
+  // Row blocks of one KV head run side by side and share its K/V in L2; latest (longest) rows
+  // first.
+  const int kv_head = blockIdx.y;
+  const int row0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
   const int group = p.group;
   const int last_row = min(row0 + kBlockM, p.rows) - 1;
   const int min_position = p.first_position + row0 / group;
@@ -433,11 +435,7 @@ void launch(const FlashParams& params, cudaStream_t stream) {
   }();
   (void)configured;
   const int64_t row_blocks = (static_cast<int64_t>(params.rows) + kBlockM - 1) / kBlockM;
-  if (row_blocks > 65535) {
-    throw Error("attention: too many query rows for one launch (" + std::to_string(params.rows) +
-                ")");
-  }
-  const dim3 grid(params.kv_heads, static_cast<unsigned>(row_blocks));
+  const dim3 grid(static_cast<unsigned>(row_blocks), params.kv_heads);
   flash_wgmma_kernel<kHeadDim, kPipelined>
       <<<grid, kThreads, Layout::kSharedBytes, stream>>>(params);
   check_launch("flash_wgmma_kernel");
