@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
            "PATH]\n"
            "       entropyinfer_gpu_bench model [--shape llama-3.1-8b] [--prefill "
            "16384,32768,65536,131072]\n"
-           "         [--decode-contexts 32768,131072] [--decode-tokens 32] [--chunk 8192] [--json "
+           "         [--decode-contexts 32768,131072] [--decode-tokens 32] [--chunk 16384] [--json "
            "PATH]\n";
     return argc < 2 ? 2 : 0;
   }

@@ -66,7 +66,7 @@ int run_model_bench(int argc, char** argv) {
   std::string shape = "llama-3.1-8b", json_path;
   std::vector<int64_t> prefill_lengths = {16384, 32768, 65536, 131072};
   std::vector<int64_t> decode_contexts = {32768, 131072};
-  int decode_tokens = 32, chunk_tokens = 8192;
+  int decode_tokens = 32, chunk_tokens = 16384;
   for (int i = 0; i < argc; ++i) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) throw std::runtime_error("flag " + flag + " needs a value");

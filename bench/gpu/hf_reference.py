@@ -42,7 +42,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--prefill", default="16384,32768,65536,131072")
     parser.add_argument("--decode-contexts", default="32768,131072")
-    parser.add_argument("--decode-tokens", type=int, default=8)
+    parser.add_argument("--decode-tokens", type=int, default=16)
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,

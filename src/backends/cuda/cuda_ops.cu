@@ -110,7 +110,7 @@ __global__ void swiglu_kernel(const bf16* gate, const bf16* up, int64_t rows, in
 // One thread per rotated pair.
 __global__ void rope_kernel(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim,
                             int64_t token_stride, const float* cos, const float* sin, int64_t half,
-                            bool adjacent_pairs) {
+                            bool adjacent_pairs, const int* device_position) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * heads * half) return;
   const int64_t pair = i % half;
@@ -119,7 +119,8 @@ __global__ void rope_kernel(bf16* x, int64_t tokens, int64_t heads, int64_t head
   bf16* head = x + token * token_stride + head_index * head_dim;
   const int64_t first = adjacent_pairs ? 2 * pair : pair;
   const int64_t second = adjacent_pairs ? 2 * pair + 1 : pair + half;
-  const float c = cos[token * half + pair], s = sin[token * half + pair];
+  const int64_t row = token + (device_position != nullptr ? *device_position : 0);
+  const float c = cos[row * half + pair], s = sin[row * half + pair];
   const float a = __bfloat162float(head[first]), b = __bfloat162float(head[second]);
   head[first] = __float2bfloat16(a * c - b * s);
   head[second] = __float2bfloat16(b * c + a * s);
@@ -130,13 +131,14 @@ template <typename Chunk>
 __global__ void append_kv_kernel(const Chunk* keys, const Chunk* values, int64_t tokens,
                                  int64_t token_stride, int64_t kv_heads, int64_t head_chunks,
                                  Chunk* key_cache, Chunk* value_cache, int64_t cache_stride,
-                                 int64_t first_position) {
+                                 int64_t first_position, const int* device_position) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * kv_heads * head_chunks) return;
   const int64_t chunk = i % head_chunks;
   const int64_t head = (i / head_chunks) % kv_heads;
   const int64_t token = i / (head_chunks * kv_heads);
   const int64_t source = token * token_stride + head * head_chunks + chunk;
+  if (device_position != nullptr) first_position = *device_position;
   const int64_t target = (head * cache_stride + first_position + token) * head_chunks + chunk;
   key_cache[target] = keys[source];
   value_cache[target] = values[source];
@@ -452,18 +454,19 @@ void swiglu(const bf16* gate, const bf16* up, int64_t rows, int64_t width, int64
 
 void apply_rope(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t token_stride,
                 const float* cos, const float* sin, int64_t rotary_dim, bool adjacent_pairs,
-                cudaStream_t stream) {
+                cudaStream_t stream, const int* device_position) {
   const int64_t half = rotary_dim / 2;
   const int64_t pairs = tokens * heads * half;
   if (pairs == 0) return;
   rope_kernel<<<blocks_for(pairs, kThreads), kThreads, 0, stream>>>(
-      x, tokens, heads, head_dim, token_stride, cos, sin, half, adjacent_pairs);
+      x, tokens, heads, head_dim, token_stride, cos, sin, half, adjacent_pairs, device_position);
   check_launch("apply_rope");
 }
 
 void append_kv(const bf16* keys, const bf16* values, int64_t tokens, int64_t token_stride,
                int64_t kv_heads, int64_t head_dim, bf16* key_cache, bf16* value_cache,
-               int64_t cache_stride, int64_t first_position, cudaStream_t stream) {
+               int64_t cache_stride, int64_t first_position, cudaStream_t stream,
+               const int* device_position) {
   if (tokens == 0) return;
   const bool aligned = head_dim % 8 == 0 && token_stride % 8 == 0 &&
                        reinterpret_cast<uintptr_t>(keys) % 16 == 0 &&
@@ -474,12 +477,12 @@ void append_kv(const bf16* keys, const bf16* values, int64_t tokens, int64_t tok
         <<<blocks_for(tokens * kv_heads * chunks, kThreads), kThreads, 0, stream>>>(
             reinterpret_cast<const uint4*>(keys), reinterpret_cast<const uint4*>(values), tokens,
             token_stride / 8, kv_heads, chunks, reinterpret_cast<uint4*>(key_cache),
-            reinterpret_cast<uint4*>(value_cache), cache_stride, first_position);
+            reinterpret_cast<uint4*>(value_cache), cache_stride, first_position, device_position);
   } else {
     append_kv_kernel<bf16>
         <<<blocks_for(tokens * kv_heads * head_dim, kThreads), kThreads, 0, stream>>>(
             keys, values, tokens, token_stride, kv_heads, head_dim, key_cache, value_cache,
-            cache_stride, first_position);
+            cache_stride, first_position, device_position);
   }
   check_launch("append_kv");
 }

@@ -80,15 +80,19 @@ void swiglu(const bf16* gate, const bf16* up, int64_t rows, int64_t width, int64
 // in cos/sin ([tokens, rotary_dim / 2], fp32). adjacent_pairs: rotate (x[2i], x[2i+1]) as llama2.c
 // does; otherwise (x[i], x[i + rotary_dim/2]) as Hugging Face models do. Dimensions past rotary_dim
 // stay.
+// With device_position set, the tables are read from row *device_position on (read when the kernel
+// runs, for CUDA graphs replayed at every position).
 void apply_rope(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t token_stride,
                 const float* cos, const float* sin, int64_t rotary_dim, bool adjacent_pairs,
-                cudaStream_t stream);
+                cudaStream_t stream, const int* device_position = nullptr);
 
 // Copies keys and values of `tokens` new tokens ([t][kv_heads][head_dim] with rows token_stride
-// apart) into head-major caches ([kv_heads][cache_stride][head_dim]) at rows first_position.. .
+// apart) into head-major caches ([kv_heads][cache_stride][head_dim]) at rows first_position.. (or
+// *device_position.., read when the kernel runs).
 void append_kv(const bf16* keys, const bf16* values, int64_t tokens, int64_t token_stride,
                int64_t kv_heads, int64_t head_dim, bf16* key_cache, bf16* value_cache,
-               int64_t cache_stride, int64_t first_position, cudaStream_t stream);
+               int64_t cache_stride, int64_t first_position, cudaStream_t stream,
+               const int* device_position = nullptr);
 
 // out[t] = table[ids[t]] widened to fp32 ([tokens, hidden]). Ids must be inside the table (the
 // caller validates them on the host, where an error can be reported).

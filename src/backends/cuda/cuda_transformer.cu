@@ -12,7 +12,6 @@
 namespace entropyinfer::cuda {
 namespace {
 
-constexpr cudaStream_t kStream = nullptr;
 // Room left for the CUDA context's own allocations and cuBLASLt's workspace.
 constexpr size_t kReserveBytes = size_t{768} << 20;
 
@@ -108,14 +107,36 @@ GpuMemoryPlan CudaTransformer::plan(const ModelConfig& config, const CudaModelOp
   return plan;
 }
 
+// A stream of our own: CUDA graphs cannot capture the legacy default stream. It is a blocking
+// stream, so plain cudaMemcpy calls (weight and id uploads) stay ordered with its work.
+struct OwnedStream {
+  cudaStream_t handle = nullptr;
+  OwnedStream() { check(cudaStreamCreate(&handle), "cudaStreamCreate"); }
+  ~OwnedStream() { cudaStreamDestroy(handle); }
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+};
+
 struct CudaTransformer::State {
+  OwnedStream owned_stream;
+  cudaStream_t stream = owned_stream.handle;
   ModelConfig config;
   Widths w{};
   int context = 0;
   int chunk = 0;
   int position = 0;
   GpuMemoryPlan plan;
-  Blas blas{kStream};
+  Blas blas{stream};
+  // Decoding replays one captured graph per token: the kernels read the position from
+  // device_position, so the same graph serves every position.
+  DeviceBuffer<int32_t> device_position;
+  int decode_splits = 1;
+  int eager_decode_steps = 0;
+  cudaGraphExec_t decode_graph = nullptr;
+
+  ~State() {
+    if (decode_graph != nullptr) cudaGraphExecDestroy(decode_graph);
+  }
 
   struct Layer {
     DeviceBuffer<bf16> qkv, o, gate_up, down;
@@ -185,8 +206,10 @@ struct CudaTransformer::State {
     ids.allocate(static_cast<size_t>(context));
     best.allocate(1);
     FlashShape decode = decode_shape(context - 1);
+    decode_splits = flash_decode_splits(decode);
     decode_workspace.allocate(
-        std::max<size_t>(1, flash_decode_workspace_floats(decode, flash_decode_splits(decode))));
+        std::max<size_t>(1, flash_decode_workspace_floats(decode, decode_splits)));
+    device_position.allocate(1);
   }
 
   FlashShape decode_shape(int first_position) const {
@@ -207,8 +230,8 @@ struct CudaTransformer::State {
     for (size_t done = 0; done < count;) {
       const size_t piece = std::min(staging.size(), count - done);
       staging.upload(source + done, piece);
-      to_bf16(staging.data(), static_cast<int64_t>(piece), target.data() + offset + done, kStream);
-      check(cudaStreamSynchronize(kStream), "weight upload");
+      to_bf16(staging.data(), static_cast<int64_t>(piece), target.data() + offset + done, stream);
+      check(cudaStreamSynchronize(stream), "weight upload");
       done += piece;
     }
   }
@@ -269,14 +292,14 @@ struct CudaTransformer::State {
   void randomize(uint64_t seed) {
     auto fill = [&](DeviceBuffer<bf16>& buffer, int64_t fan_in) {
       fill_uniform(buffer.data(), static_cast<int64_t>(buffer.size()), seed++,
-                   1.0f / std::sqrt(static_cast<float>(fan_in)), kStream);
+                   1.0f / std::sqrt(static_cast<float>(fan_in)), stream);
     };
     auto ones = [&](DeviceBuffer<float>& buffer) {
       const std::vector<float> values(buffer.size(), 1.0f);
       buffer.upload(values.data(), values.size());
     };
     auto small = [&](DeviceBuffer<float>& buffer) {
-      fill_uniform(buffer.data(), static_cast<int64_t>(buffer.size()), seed++, 0.02f, kStream);
+      fill_uniform(buffer.data(), static_cast<int64_t>(buffer.size()), seed++, 0.02f, stream);
     };
     for (Layer& layer : layers) {
       fill(layer.qkv, w.hidden);
@@ -292,15 +315,13 @@ struct CudaTransformer::State {
         ones(layer.k_norm);
       }
     }
-    fill_uniform(embedding.data(), static_cast<int64_t>(embedding.size()), seed++, 1.0f, kStream);
+    fill_uniform(embedding.data(), static_cast<int64_t>(embedding.size()), seed++, 1.0f, stream);
     if (!config.tied_embeddings) fill(lm_head, w.hidden);
     ones(final_norm);
-    check(cudaStreamSynchronize(kStream), "random weights");
+    check(cudaStreamSynchronize(stream), "random weights");
   }
 
-  // Runs the tokens through the model; leaves the logits of the last token (or, with all_logits, of
-  // every token, copied into `all`) and returns the device pointer of the last token's logits.
-  const float* run(std::span<const int32_t> tokens, bool all_logits, std::vector<float>* all) {
+  void check_tokens(std::span<const int32_t> tokens) const {
     const int64_t n = static_cast<int64_t>(tokens.size());
     if (n == 0) throw Error("forward() needs at least one token");
     if (position + n > context) {
@@ -313,7 +334,122 @@ struct CudaTransformer::State {
                     std::to_string(config.vocab_size));
       }
     }
-    ids.upload(tokens.data(), static_cast<size_t>(n));
+  }
+
+  // One layer over the m tokens whose residual rows are in `hidden`, at positions first.. (or, with
+  // device_position, one token at the position stored there; cos/sin are then the whole tables).
+  void enqueue_layer(Layer& layer, int64_t m, int64_t first, const float* cos, const float* sin,
+                     const int* device_position_pointer) {
+    const ModelConfig& c = config;
+    rms_norm(hidden.data(), layer.attn_norm.data(), m, w.hidden, c.rms_norm_eps, normed.data(),
+             stream);
+    blas.linear(normed.data(), m, w.hidden, layer.qkv.data(), w.qkv, qkv.data());
+    if (c.qkv_bias) add_bias(qkv.data(), layer.qkv_bias.data(), m, w.qkv, w.qkv, stream);
+    bf16* q = qkv.data();
+    bf16* k = qkv.data() + w.q;
+    bf16* v = qkv.data() + w.q + w.kv;
+    if (c.qk_norm) {
+      head_rms_norm(q, m, c.num_heads, w.head_dim, w.qkv, layer.q_norm.data(), c.rms_norm_eps,
+                    stream);
+      head_rms_norm(k, m, c.num_kv_heads, w.head_dim, w.qkv, layer.k_norm.data(), c.rms_norm_eps,
+                    stream);
+    }
+    const int64_t rotary_dim = 2 * w.half_rotary;
+    apply_rope(q, m, c.num_heads, w.head_dim, w.qkv, cos, sin, rotary_dim,
+               c.rope.rotate_adjacent_pairs, stream, device_position_pointer);
+    apply_rope(k, m, c.num_kv_heads, w.head_dim, w.qkv, cos, sin, rotary_dim,
+               c.rope.rotate_adjacent_pairs, stream, device_position_pointer);
+    append_kv(k, v, m, w.qkv, c.num_kv_heads, w.head_dim, layer.keys.data(), layer.values.data(),
+              context, first, stream, device_position_pointer);
+    if (device_position_pointer != nullptr) {
+      FlashShape shape = decode_shape(context - 1);  // the largest position sizes the splits
+      shape.device_position = device_position_pointer;
+      flash_decode(q, layer.keys.data(), layer.values.data(), shape, attention.data(),
+                   decode_workspace.data(), decode_workspace.size(), stream, decode_splits);
+    } else {
+      FlashShape shape = decode_shape(static_cast<int>(first));
+      shape.tokens = m;
+      if (m == 1) {
+        flash_decode(q, layer.keys.data(), layer.values.data(), shape, attention.data(),
+                     decode_workspace.data(), decode_workspace.size(), stream);
+      } else {
+        flash_prefill(q, layer.keys.data(), layer.values.data(), shape, attention.data(), stream);
+      }
+    }
+    blas.linear(attention.data(), m, w.q, layer.o.data(), w.hidden, hidden.data(),
+                /*accumulate=*/true);
+    if (c.o_bias) add_bias(hidden.data(), layer.o_bias.data(), m, w.hidden, w.hidden, stream);
+    rms_norm(hidden.data(), layer.mlp_norm.data(), m, w.hidden, c.rms_norm_eps, normed.data(),
+             stream);
+    blas.linear(normed.data(), m, w.hidden, layer.gate_up.data(), 2 * w.intermediate,
+                gate_up.data());
+    swiglu(gate_up.data(), gate_up.data() + w.intermediate, m, w.intermediate, 2 * w.intermediate,
+           activation.data(), stream);
+    blas.linear(activation.data(), m, w.intermediate, layer.down.data(), w.hidden, hidden.data(),
+                true);
+  }
+
+  // The whole decode step of the token in ids[0] at *device_position: embedding, layers, logits and
+  // their argmax (into `best`). Position-independent launches only, so it can be captured once.
+  void enqueue_decode_step() {
+    cuda::embedding(embedding.data(), ids.data(), 1, w.hidden, hidden.data(), stream);
+    for (Layer& layer : layers)
+      enqueue_layer(layer, 1, 0, rope_cos.data(), rope_sin.data(), device_position.data());
+    rms_norm(hidden.data(), final_norm.data(), 1, w.hidden, config.rms_norm_eps, normed.data(),
+             stream);
+    blas.linear(normed.data(), 1, w.hidden, head(), w.vocab, logits.data());
+    argmax_rows(logits.data(), 1, w.vocab, best.data(), stream);
+  }
+
+  // Decodes one token: eagerly the first time (which also settles every lazily initialised kernel
+  // attribute), then through the graph captured on the second step.
+  void decode(int32_t token) {
+    check(cudaMemcpyAsync(ids.data(), &token, sizeof(token), cudaMemcpyHostToDevice, stream),
+          "token upload");
+    check(cudaMemcpyAsync(device_position.data(), &position, sizeof(position),
+                          cudaMemcpyHostToDevice, stream),
+          "position upload");
+    if (decode_graph == nullptr && eager_decode_steps >= 1) {
+      cudaGraph_t graph = nullptr;
+      check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+            "cudaStreamBeginCapture");
+      try {
+        enqueue_decode_step();
+      } catch (...) {
+        cudaStreamEndCapture(stream, &graph);
+        if (graph != nullptr) cudaGraphDestroy(graph);
+        throw;
+      }
+      check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+      const cudaError_t status = cudaGraphInstantiate(&decode_graph, graph, 0);
+      cudaGraphDestroy(graph);
+      check(status, "cudaGraphInstantiate");
+    }
+    if (decode_graph != nullptr) {
+      check(cudaGraphLaunch(decode_graph, stream), "cudaGraphLaunch");
+    } else {
+      enqueue_decode_step();
+      ++eager_decode_steps;
+    }
+    position += 1;
+  }
+
+  bool graph_decodes(std::span<const int32_t> tokens, bool all_logits) const {
+    return tokens.size() == 1 && !all_logits && config.rope.scaling != RopeScaling::kDynamic;
+  }
+
+  // Runs the tokens through the model; leaves the logits of the last token (or, with all_logits, of
+  // every token, copied into `all`) and returns the device pointer of the last token's logits.
+  const float* run(std::span<const int32_t> tokens, bool all_logits, std::vector<float>* all) {
+    check_tokens(tokens);
+    if (graph_decodes(tokens, all_logits)) {
+      decode(tokens[0]);
+      return logits.data();
+    }
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    check(cudaMemcpyAsync(ids.data(), tokens.data(), sizeof(int32_t) * n, cudaMemcpyHostToDevice,
+                          stream),
+          "token upload");
     DeviceBuffer<float> dynamic_cos, dynamic_sin;
     const float* cos_table = nullptr;
     const float* sin_table = nullptr;
@@ -331,75 +467,34 @@ struct CudaTransformer::State {
       sin_table = rope_sin.data() + static_cast<int64_t>(position) * w.half_rotary;
     }
     if (all_logits) all->assign(static_cast<size_t>(n * w.vocab), 0.0f);
-    const ModelConfig& c = config;
-    const int64_t rotary_dim = 2 * w.half_rotary;
     for (int64_t t0 = 0; t0 < n; t0 += chunk) {
       const int64_t m = std::min<int64_t>(chunk, n - t0);
-      const int64_t first = position + t0;
-      const float* cos = cos_table + t0 * w.half_rotary;
-      const float* sin = sin_table + t0 * w.half_rotary;
-      embedding_lookup(t0, m);
+      cuda::embedding(embedding.data(), ids.data() + t0, m, w.hidden, hidden.data(), stream);
       for (Layer& layer : layers) {
-        rms_norm(hidden.data(), layer.attn_norm.data(), m, w.hidden, c.rms_norm_eps, normed.data(),
-                 kStream);
-        blas.linear(normed.data(), m, w.hidden, layer.qkv.data(), w.qkv, qkv.data());
-        if (c.qkv_bias) add_bias(qkv.data(), layer.qkv_bias.data(), m, w.qkv, w.qkv, kStream);
-        bf16* q = qkv.data();
-        bf16* k = qkv.data() + w.q;
-        bf16* v = qkv.data() + w.q + w.kv;
-        if (c.qk_norm) {
-          head_rms_norm(q, m, c.num_heads, w.head_dim, w.qkv, layer.q_norm.data(), c.rms_norm_eps,
-                        kStream);
-          head_rms_norm(k, m, c.num_kv_heads, w.head_dim, w.qkv, layer.k_norm.data(),
-                        c.rms_norm_eps, kStream);
-        }
-        apply_rope(q, m, c.num_heads, w.head_dim, w.qkv, cos, sin, rotary_dim,
-                   c.rope.rotate_adjacent_pairs, kStream);
-        apply_rope(k, m, c.num_kv_heads, w.head_dim, w.qkv, cos, sin, rotary_dim,
-                   c.rope.rotate_adjacent_pairs, kStream);
-        append_kv(k, v, m, w.qkv, c.num_kv_heads, w.head_dim, layer.keys.data(),
-                  layer.values.data(), context, first, kStream);
-        FlashShape shape = decode_shape(static_cast<int>(first));
-        shape.tokens = m;
-        if (m == 1) {
-          flash_decode(q, layer.keys.data(), layer.values.data(), shape, attention.data(),
-                       decode_workspace.data(), decode_workspace.size(), kStream);
-        } else {
-          flash_prefill(q, layer.keys.data(), layer.values.data(), shape, attention.data(),
-                        kStream);
-        }
-        blas.linear(attention.data(), m, w.q, layer.o.data(), w.hidden, hidden.data(),
-                    /*accumulate=*/true);
-        if (c.o_bias) add_bias(hidden.data(), layer.o_bias.data(), m, w.hidden, w.hidden, kStream);
-        rms_norm(hidden.data(), layer.mlp_norm.data(), m, w.hidden, c.rms_norm_eps, normed.data(),
-                 kStream);
-        blas.linear(normed.data(), m, w.hidden, layer.gate_up.data(), 2 * w.intermediate,
-                    gate_up.data());
-        swiglu(gate_up.data(), gate_up.data() + w.intermediate, m, w.intermediate,
-               2 * w.intermediate, activation.data(), kStream);
-        blas.linear(activation.data(), m, w.intermediate, layer.down.data(), w.hidden,
-                    hidden.data(), true);
+        enqueue_layer(layer, m, position + t0, cos_table + t0 * w.half_rotary,
+                      sin_table + t0 * w.half_rotary, nullptr);
       }
       if (all_logits) {
         // Row by row through the one-row logits buffer keeps memory bounded for long spans.
-        rms_norm(hidden.data(), final_norm.data(), m, w.hidden, c.rms_norm_eps, normed.data(),
-                 kStream);
+        rms_norm(hidden.data(), final_norm.data(), m, w.hidden, config.rms_norm_eps, normed.data(),
+                 stream);
         for (int64_t r = 0; r < m; ++r) {
           blas.linear(normed.data() + r * w.hidden, 1, w.hidden, head(), w.vocab, logits.data());
-          logits.download(all->data() + (t0 + r) * w.vocab, static_cast<size_t>(w.vocab));
+          check(cudaMemcpyAsync(all->data() + (t0 + r) * w.vocab, logits.data(),
+                                sizeof(float) * w.vocab, cudaMemcpyDeviceToHost, stream),
+                "logits download");
         }
+        check(cudaStreamSynchronize(stream), "logits download");
       } else if (t0 + m == n) {
-        rms_norm(hidden.data() + (m - 1) * w.hidden, final_norm.data(), 1, w.hidden, c.rms_norm_eps,
-                 normed.data(), kStream);
+        rms_norm(hidden.data() + (m - 1) * w.hidden, final_norm.data(), 1, w.hidden,
+                 config.rms_norm_eps, normed.data(), stream);
         blas.linear(normed.data(), 1, w.hidden, head(), w.vocab, logits.data());
       }
     }
+    // The dynamic tables must outlive the kernels that read them.
+    if (dynamic_cos.size() != 0) check(cudaStreamSynchronize(stream), "forward");
     position += static_cast<int>(n);
     return logits.data();
-  }
-
-  void embedding_lookup(int64_t t0, int64_t m) {
-    cuda::embedding(embedding.data(), ids.data() + t0, m, w.hidden, hidden.data(), kStream);
   }
 };
 
@@ -423,17 +518,23 @@ std::vector<float> CudaTransformer::forward(std::span<const int32_t> tokens, boo
   const float* last = state_->run(tokens, all_logits, &all);
   if (all_logits) return all;
   std::vector<float> logits(static_cast<size_t>(state_->w.vocab));
-  check(cudaMemcpy(logits.data(), last, logits.size() * sizeof(float), cudaMemcpyDeviceToHost),
+  check(cudaMemcpyAsync(logits.data(), last, logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                        state_->stream),
         "logits download");
+  check(cudaStreamSynchronize(state_->stream), "forward");
   return logits;
 }
 
 int32_t CudaTransformer::forward_greedy(std::span<const int32_t> tokens) {
+  const bool graph = state_->graph_decodes(tokens, false);
   const float* last = state_->run(tokens, false, nullptr);
-  argmax_rows(last, 1, state_->w.vocab, state_->best.data(), kStream);
+  if (!graph)
+    argmax_rows(last, 1, state_->w.vocab, state_->best.data(), state_->stream);  // the graph did it
   int32_t token = 0;
-  check(cudaMemcpy(&token, state_->best.data(), sizeof(token), cudaMemcpyDeviceToHost),
+  check(cudaMemcpyAsync(&token, state_->best.data(), sizeof(token), cudaMemcpyDeviceToHost,
+                        state_->stream),
         "token download");
+  check(cudaStreamSynchronize(state_->stream), "forward");
   return token;
 }
 

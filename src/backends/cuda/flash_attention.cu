@@ -58,8 +58,9 @@ __global__ void __launch_bounds__(32 * kWarps) flash_mma_kernel(const FlashParam
   const int group = p.group;
 
   const int last_row = min(row0 + kBlockM, p.rows) - 1;
-  const int min_position = p.first_position + row0 / group;
-  const int max_position = p.first_position + last_row / group;
+  const int first_position = p.device_position != nullptr ? *p.device_position : p.first_position;
+  const int min_position = first_position + row0 / group;
+  const int max_position = first_position + last_row / group;
   const int total_blocks = (max_position + kMmaBlockN) / kMmaBlockN;
   const int blocks_per_split = (total_blocks + p.splits - 1) / p.splits;
   const int block_begin = split * blocks_per_split;
@@ -102,8 +103,8 @@ __global__ void __launch_bounds__(32 * kWarps) flash_mma_kernel(const FlashParam
   // This thread's two rows (g and g + 8 of its warp's 16).
   const int g = lane / 4, t = lane % 4;
   const int row_a = row0 + warp * 16 + g, row_b = row_a + 8;
-  const int position_a = p.first_position + row_a / group;
-  const int position_b = p.first_position + row_b / group;
+  const int position_a = first_position + row_a / group;
+  const int position_b = first_position + row_b / group;
 
   float o[kTilesD][4];
 #pragma unroll
@@ -362,6 +363,7 @@ FlashParams make_params(const bf16* q, const bf16* key_cache, const bf16* value_
   p.group = static_cast<int>(shape.q_heads / shape.kv_heads);
   p.rows = static_cast<int>(shape.tokens * p.group);
   p.first_position = static_cast<int>(shape.first_position);
+  p.device_position = shape.device_position;
   const float scale =
       shape.scale != 0.0f ? shape.scale : 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
   p.scale_log2 = scale * 1.4426950408889634f;

@@ -39,6 +39,10 @@ struct FlashShape {
   int64_t q_token_stride = 0;    // 0 means q_heads * head_dim
   int64_t out_token_stride = 0;  // 0 means q_heads * head_dim
   float scale = 0.0f;            // 0 means 1 / sqrt(head_dim)
+  // flash_decode only: when set, the kernels read first_position from this device int when they
+  // run, so that one captured CUDA graph serves every position. first_position must then be the
+  // largest position the launch will see (it sizes the splits and is checked against cache_stride).
+  const int* device_position = nullptr;
 };
 
 enum class FlashKernel { kAuto, kMma, kWgmma, kWgmmaSimple };

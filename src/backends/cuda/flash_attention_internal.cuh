@@ -27,6 +27,9 @@ struct FlashParams {
   int group = 0;  // q_heads / kv_heads
   int rows = 0;   // tokens * group: the packed (token, head-in-group) rows of one KV head
   int first_position = 0;
+  // When set, first_position is read from here at run time (a captured CUDA graph replays at every
+  // position); the launch's split count must then cover the largest position.
+  const int* device_position = nullptr;
   int splits = 1;
   float scale_log2 = 0.0f;  // softmax scale times log2(e)
 };
