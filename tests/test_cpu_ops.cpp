@@ -7,17 +7,12 @@
 #include <vector>
 
 #include "backends/cpu/cpu_ops.h"
+#include "test_support.h"
 
 namespace entropyinfer {
 namespace {
 
-std::vector<float> random_vector(size_t count, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 generator(seed);
-  std::uniform_real_distribution<float> uniform(-scale, scale);
-  std::vector<float> values(count);
-  for (float& value : values) value = uniform(generator);
-  return values;
-}
+using testing::random_vector;
 
 TEST(CpuOps, LinearMatchesNaiveProductForAwkwardShapes) {
   for (auto [tokens, in, out] :

@@ -19,13 +19,7 @@
 namespace entropyinfer {
 namespace {
 
-std::vector<float> random_vector(size_t count, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 generator(seed);
-  std::uniform_real_distribution<float> uniform(-scale, scale);
-  std::vector<float> values(count);
-  for (float& value : values) value = uniform(generator);
-  return values;
-}
+using testing::random_vector;
 
 // A prompt's queries [n, Hq, d] and keys, per KV head a slab [stride, d] (stride > n on purpose).
 struct Prompt {

@@ -6,8 +6,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace entropyinfer::testing {
 
@@ -22,6 +24,15 @@ inline std::string read_file_bytes(const std::string& path) {
   std::ostringstream buffer;
   buffer << stream.rdbuf();
   return buffer.str();
+}
+
+// Uniform values in [-scale, scale], reproducible from the seed.
+inline std::vector<float> random_vector(size_t count, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 generator(seed);
+  std::uniform_real_distribution<float> uniform(-scale, scale);
+  std::vector<float> values(count);
+  for (float& value : values) value = uniform(generator);
+  return values;
 }
 
 }  // namespace entropyinfer::testing

@@ -6,17 +6,11 @@
 #include <numeric>
 
 #include "attention/policies.h"
+#include "backends/cpu/inline_dot.h"
 #include "core/error.h"
 
 namespace entropyinfer {
 namespace {
-
-inline float dot(const float* a, const float* b, int size) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int i = 0; i < size; ++i) sum += a[i] * b[i];
-  return sum;
-}
 
 // Extrema over `count` rows starting at `first`, rows `row_step` floats apart.
 void row_extrema(const float* first, int64_t count, int64_t row_step, int head_dim, float* max_out,
@@ -133,7 +127,8 @@ __attribute__((target_clones("arch=haswell", "default"))) void criticality_row(
     float sum = 0.0f;
     for (int g = 0; g < group; ++g) {
       const float* midpoint = midpoints.data() + g * head_dim;
-      sum += std::max(dot(midpoint, kmax, head_dim), dot(midpoint, kmin, head_dim));
+      sum += std::max(cpu::inline_dot(midpoint, kmax, head_dim),
+                      cpu::inline_dot(midpoint, kmin, head_dim));
     }
     scores[block] = sum / static_cast<float>(group);
   }

@@ -6,19 +6,11 @@
 #include <numeric>
 #include <string>
 
+#include "backends/cpu/inline_dot.h"
 #include "core/error.h"
 
 namespace entropyinfer {
-namespace {
-
-inline float dot(const float* a, const float* b, int size) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int i = 0; i < size; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 void check_decode_inputs(const DecodeInputs& inputs, bool needs_queries) {
   if (inputs.num_kv_heads <= 0 || inputs.num_q_heads <= 0 ||
@@ -59,7 +51,7 @@ __attribute__((target_clones("arch=haswell", "default"))) void head_window_score
     const int first_query = static_cast<int>(std::max<int64_t>(0, j - first_position));
     for (int i = first_query; i < window; ++i) {
       const float* query = window_queries + (static_cast<int64_t>(i) * q_heads + head) * head_dim;
-      logits[i * length + j] = dot(query, key, head_dim) * scale;
+      logits[i * length + j] = cpu::inline_dot(query, key, head_dim) * scale;
     }
   }
   sums.assign(static_cast<size_t>(candidates), 0.0);

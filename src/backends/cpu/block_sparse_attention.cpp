@@ -5,17 +5,11 @@
 #include <utility>
 #include <vector>
 
+#include "backends/cpu/inline_dot.h"
 #include "core/error.h"
 
 namespace entropyinfer::cpu {
 namespace {
-
-inline float dot(const float* a, const float* b, int64_t size) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < size; ++i) sum += a[i] * b[i];
-  return sum;
-}
 
 // A run of consecutive key positions [first, first + count).
 struct KeyRange {
@@ -74,7 +68,8 @@ __attribute__((target_clones("arch=haswell", "default"))) void attend(
   int64_t next = 0;
   for (const KeyRange& range : ranges) {
     for (int64_t j = 0; j < range.count; ++j) {
-      scores[next++] = dot(query, keys + (range.first + j) * head_dim, head_dim) * scale;
+      scores[next++] =
+          cpu::inline_dot(query, keys + (range.first + j) * head_dim, head_dim) * scale;
     }
   }
   softmax_inplace(scores.data(), total);

@@ -4,17 +4,11 @@
 #include <vector>
 
 #include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/inline_dot.h"
 #include "core/error.h"
 
 namespace entropyinfer::cpu {
 namespace {
-
-inline float dot(const float* a, const float* b, int64_t size) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < size; ++i) sum += a[i] * b[i];
-  return sum;
-}
 
 // One query head over its cache: softmax(q.k * scale) weighted sum of the values.
 __attribute__((target_clones("arch=haswell", "default"))) void attend_one_head(
@@ -24,7 +18,7 @@ __attribute__((target_clones("arch=haswell", "default"))) void attend_one_head(
   if (length <= 0) return;
   scores.resize(static_cast<size_t>(length));
   for (int64_t j = 0; j < length; ++j)
-    scores[j] = dot(query, keys + j * head_dim, head_dim) * scale;
+    scores[j] = cpu::inline_dot(query, keys + j * head_dim, head_dim) * scale;
   softmax_inplace(scores.data(), length);
   for (int64_t j = 0; j < length; ++j) {
     const float weight = scores[j];
