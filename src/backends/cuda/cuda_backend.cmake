@@ -20,6 +20,13 @@ file(GLOB ENTROPYINFER_CUDA_SOURCES CONFIGURE_DEPENDS src/backends/cuda/*.cu)
 add_library(entropyinfer_cuda STATIC ${ENTROPYINFER_CUDA_SOURCES})
 target_include_directories(entropyinfer_cuda PUBLIC src)
 target_link_libraries(entropyinfer_cuda PUBLIC entropyinfer_core CUDA::cudart CUDA::cublasLt)
+# The directory-wide options are host-compiler flags (the sanitizers' among them) that nvcc would
+# reject; this target gets its own, with the sanitizers passed through to the host compiler.
+set_property(TARGET entropyinfer_cuda PROPERTY COMPILE_OPTIONS "")
+if(ENTROPYINFER_SANITIZE)
+  target_compile_options(entropyinfer_cuda PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-fsanitize=address,-fsanitize=undefined,-fno-omit-frame-pointer>)
+endif()
 target_compile_options(entropyinfer_cuda PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo --expt-relaxed-constexpr
   -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
