@@ -1,8 +1,7 @@
 // In-house attention kernels over a head-major bf16 KV cache, the CUDA counterpart of
 // cpu::causal_attention (same shapes and meaning, window excepted):
-//   q:   bf16 queries of `tokens` new tokens at positions first_position.., query head h of token t
-//   at
-//        q + t * q_token_stride + h * head_dim
+//   q:   bf16 queries of `tokens` new tokens at positions first_position..; query head h of
+//        token t at q + t * q_token_stride + h * head_dim
 //   key_cache / value_cache: bf16, per KV head a [cache_stride, head_dim] slab; rows 0 ..
 //        first_position + tokens - 1 must be filled
 //   out: bf16, head h of token t at out + t * out_token_stride + h * head_dim
@@ -14,13 +13,14 @@
 // Kernels:
 //   kMma:   FlashAttention-2 style, mma.sync m16n8k16 tensor-core instructions (sm_80 and later),
 //           4 warps x 16 rows, K/V tiles of 64 keys double-buffered with cp.async.
-//   kWgmma: Hopper (sm_90a): two consumer warpgroups of 64 rows issue wgmma on 128-key tiles that a
-//           producer warp streams into 128-byte-swizzled shared memory (cp.async, named barriers);
-//           each warpgroup overlaps its softmax with its next matrix products.
+//   kWgmma: Hopper (sm_90a): two consumer warpgroups of 64 rows issue wgmma on 128-key tiles that
+//           a producer warpgroup streams into 128-byte-swizzled shared memory (cp.async, named
+//           barriers, three stages); each consumer overlaps its softmax with its next products.
 //   kWgmmaSimple: the same without that overlap (each step waits for its products), kept as the
 //           reference the overlapped schedule is tested and measured against.
-// Decode: split-KV flash-decoding; each split writes fp32 partial outputs and their log-sum-exp,
-// and a second kernel merges the splits.
+// Decode: split-KV flash-decoding (one warp per KV head and split, 32-key tiles four stages
+// deep); each split writes fp32 partial outputs and their log-sum-exp, and a second kernel merges
+// the splits.
 #pragma once
 
 #include <cstdint>
