@@ -40,6 +40,9 @@ if(ENTROPYINFER_BUILD_TESTS)
   target_include_directories(entropyinfer_gpu_tests PRIVATE tests)
   target_compile_options(entropyinfer_gpu_tests PRIVATE ${ENTROPYINFER_WARNINGS})
   target_link_libraries(entropyinfer_gpu_tests PRIVATE entropyinfer_cuda GTest::gtest GTest::gtest_main)
+  # The parity-fixture test reads tests/fixtures/parity in place.
+  target_compile_definitions(entropyinfer_gpu_tests PRIVATE
+    ENTROPYINFER_FIXTURES_DIR="${CMAKE_CURRENT_SOURCE_DIR}/tests/fixtures")
   # Listed when ctest runs rather than after the build, so that building needs no GPU and no driver.
   gtest_discover_tests(entropyinfer_gpu_tests DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
     PROPERTIES TIMEOUT 1200)
