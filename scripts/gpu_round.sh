@@ -71,6 +71,8 @@ if [[ "${steps}" == *",tests,"* && -x "${build}/entropyinfer_gpu_tests" ]]; then
     >> "${log}" 2>&1 || step_failed "GPU tests (wgmma)"
   summary+=("GPU tests: $(( $(date +%s) - start )) s")
   sed -n '/==== tests/,$p' "${log}" | grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|Expected|Which is|actual|error" | head -60
+  # The measured logit errors and greedy agreement per parity fixture (tests/gpu/test_cuda_parity_fixtures.cpp).
+  grep -E "^\[ (parity|greedy) +\]" "${log}"
 fi
 
 if [[ "${steps}" == *",attention,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
