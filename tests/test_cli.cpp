@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "test_support.h"
@@ -96,6 +97,63 @@ TEST(Cli, TokenizePrintsIds) {
       run_cli("tokenize --tokenizer " + stories_tokenizer() + " -p 'Once upon a time' --ids --bos");
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_EQ(result.out.rfind("1 ", 0), 0u) << result.out;
+}
+
+std::string write_story_prompt() {
+  const std::string path = ::testing::TempDir() + "/story_prompt.txt";
+  std::ofstream prompt(path);
+  for (int i = 0; i < 20; ++i)
+    prompt << "Lily went to the park with her mom and saw a big red ball. ";
+  return path;
+}
+
+const char* kScaledEntropy =
+    " --prefill entropy --segment-size 64 --block-size 4 --sparse-threshold 128 --base-budget 32";
+
+TEST(Cli, InspectWritesPlansAndHeatmaps) {
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  const std::string out = ::testing::TempDir() + "/inspect_out";
+  const CommandResult result =
+      run_cli("inspect -m " + stories_model() + " --tokenizer " + stories_tokenizer() + " -f " +
+              write_story_prompt() + kScaledEntropy + " -o " + out);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("of full attention's keys"), std::string::npos) << result.out;
+  const nlohmann::json plans = nlohmann::json::parse(testing::read_file_bytes(out + "/plans.json"));
+  ASSERT_EQ(plans["layers"].size(), 5u);
+  EXPECT_TRUE(plans["layers"][0]["dense"].get<bool>());  // the first layer is dense by default
+  const nlohmann::json& head = plans["layers"][1]["heads"][0];
+  EXPECT_TRUE(head["class"] == "rigid" || head["class"] == "dynamic");
+  bool saw_sparse_segment = false;
+  for (const nlohmann::json& segment : head["segments"]) {
+    if (!segment["sparse"].get<bool>()) continue;
+    saw_sparse_segment = true;
+    EXPECT_TRUE(segment.contains("entropy"));
+    EXPECT_EQ(segment["blocks"].size(), segment["blocks_read"].get<size_t>());
+    // Causality: every block ends before the segment starts (segment 64 tokens, block 4).
+    for (int block : segment["blocks"])
+      EXPECT_LE((block + 1) * 4, segment["segment"].get<int>() * 64);
+  }
+  EXPECT_TRUE(saw_sparse_segment);
+  for (const char* name : {"/entropy.svg", "/budget.svg"}) {
+    EXPECT_EQ(testing::read_file_bytes(out + name).rfind("<svg", 0), 0u) << name;
+  }
+}
+
+TEST(Cli, SparseGeneratePrintsItsWorkAndBadParametersAreErrors) {
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  const std::string base = "generate -m " + stories_model() + " --tokenizer " +
+                           stories_tokenizer() + " -f " + write_story_prompt() + " -n 24";
+  const CommandResult sparse = run_cli(
+      base + kScaledEntropy + " --decode latent --decode-budget 96 --window 16 --decode-gap 8");
+  ASSERT_EQ(sparse.exit_code, 0) << sparse.err;
+  EXPECT_NE(sparse.err.find("of full attention's keys"), std::string::npos) << sparse.err;
+  EXPECT_NE(sparse.err.find("MiB ->"), std::string::npos)
+      << "cache before/after missing: " << sparse.err;
+  expect_error(run_cli(base + " --prefill entropy --segment-size 60 --block-size 8"), "segment");
+  expect_error(run_cli(base + " --decode snapkv --decode-budget 16 --window 32"), "window");
+  expect_error(run_cli(base + " --prefill entropy --base-budget -5"), "base_budget");
+  expect_error(run_cli(base + " --prefill sometimes"), "sometimes");
+  expect_error(run_cli(base + " --alpha lots"), "--alpha");
 }
 
 }  // namespace
