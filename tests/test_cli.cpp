@@ -2,6 +2,7 @@
 // no crash) for each kind of bad input.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -19,8 +20,16 @@ struct CommandResult {
   std::string err;
 };
 
+// A path in the temporary folder that belongs to the running test alone: ctest runs tests as
+// parallel processes, which must not share files.
+std::string test_temp_path(const std::string& name) {
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  return ::testing::TempDir() + "/" + test->test_suite_name() + "." + test->name() + "." +
+         std::to_string(getpid()) + "." + name;
+}
+
 CommandResult run_cli(const std::string& arguments) {
-  const std::string err_path = ::testing::TempDir() + "/cli_stderr.txt";
+  const std::string err_path = test_temp_path("stderr.txt");
   const std::string command = testing::cli_path() + " " + arguments + " 2>" + err_path;
   CommandResult result;
   FILE* pipe = popen(command.c_str(), "r");
@@ -74,7 +83,7 @@ TEST(Cli, NonsenseSamplerOptionsAreErrors) {
 
 TEST(Cli, PromptLongerThanContextIsAnError) {
   ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
-  const std::string prompt_path = ::testing::TempDir() + "/long_prompt.txt";
+  const std::string prompt_path = test_temp_path("long_prompt.txt");
   std::ofstream prompt(prompt_path);
   for (int i = 0; i < 400; ++i) prompt << "Once upon a time there was a girl. ";
   prompt.close();
@@ -100,7 +109,7 @@ TEST(Cli, TokenizePrintsIds) {
 }
 
 std::string write_story_prompt() {
-  const std::string path = ::testing::TempDir() + "/story_prompt.txt";
+  const std::string path = test_temp_path("story_prompt.txt");
   std::ofstream prompt(path);
   for (int i = 0; i < 20; ++i)
     prompt << "Lily went to the park with her mom and saw a big red ball. ";
@@ -112,7 +121,7 @@ const char* kScaledEntropy =
 
 TEST(Cli, InspectWritesPlansAndHeatmaps) {
   ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
-  const std::string out = ::testing::TempDir() + "/inspect_out";
+  const std::string out = test_temp_path("inspect");
   const CommandResult result =
       run_cli("inspect -m " + stories_model() + " --tokenizer " + stories_tokenizer() + " -f " +
               write_story_prompt() + kScaledEntropy + " -o " + out);

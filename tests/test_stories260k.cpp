@@ -1,6 +1,7 @@
 // The real stories260K model against llama2.c's own outputs: logits at the first positions, the
 // greedy token path, and (with the llama2.c tokenizer) the exact texts run.c printed.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -140,7 +141,8 @@ TEST(Stories260K, PromptLongerThanContextIsAnError) {
 TEST(Stories260K, TruncatedCheckpointIsAnError) {
   ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
   const std::string full = testing::read_file_bytes(asset_path("stories260K/stories260K.bin"));
-  const std::string path = ::testing::TempDir() + "/truncated_stories.bin";
+  const std::string path =
+      ::testing::TempDir() + "/truncated_stories." + std::to_string(getpid()) + ".bin";
   std::ofstream(path, std::ios::binary)
       .write(full.data(), static_cast<std::streamsize>(full.size() / 2));
   try {
