@@ -1,7 +1,9 @@
 #include "apps/entropyinfer/cli_common.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,10 +16,16 @@ namespace {
 
 void print_load_progress(size_t done, size_t total, void*) {
   if (total == 0) return;
-  std::fprintf(stderr, "\rloading weights: %5.1f%% of %.1f MiB", 100.0 * done / total,
-               total / 1048576.0);
-  if (done == total) std::fprintf(stderr, "\n");
-  std::fflush(stderr);
+  static int last_percent = -1;
+  const int percent = static_cast<int>(100.0 * done / total);
+  // A terminal gets a line that updates in place; a log gets only the final line.
+  const bool finished = done == total;
+  if ((isatty(STDERR_FILENO) && percent != last_percent) || finished) {
+    std::fprintf(stderr, "\rloading weights: %3d%% of %.1f MiB%s", percent, total / 1048576.0,
+                 finished ? "\n" : "");
+    std::fflush(stderr);
+  }
+  last_percent = finished ? -1 : percent;
 }
 
 }  // namespace
@@ -56,6 +64,19 @@ std::string read_prompt(const std::string& prompt, const std::string& prompt_fil
   std::ostringstream text;
   text << stream.rdbuf();
   return text.str();
+}
+
+Transformer::ProgressCallback prefill_progress_printer() {
+  return [last_percent = -1](int64_t done, int64_t total) mutable {
+    const int percent = static_cast<int>(100 * done / std::max<int64_t>(total, 1));
+    const bool finished = done == total;
+    if ((isatty(STDERR_FILENO) && percent != last_percent) || finished) {
+      std::fprintf(stderr, "\rprefill: %3d%% of %lld tokens%s", percent,
+                   static_cast<long long>(total), finished ? "\n" : "");
+      std::fflush(stderr);
+    }
+    last_percent = percent;
+  };
 }
 
 double peak_resident_mib() {

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/transformer.h"
 #include "model/model_weights.h"
 #include "tokenizer/tokenizer.h"
 
@@ -19,6 +20,9 @@ std::unique_ptr<Tokenizer> find_tokenizer(const std::string& model_path,
 
 // Exactly one of prompt / prompt file.
 std::string read_prompt(const std::string& prompt, const std::string& prompt_file);
+
+// Progress of a long prefill on stderr: updated in place on a terminal, one final line in a log.
+Transformer::ProgressCallback prefill_progress_printer();
 
 double peak_resident_mib();
 

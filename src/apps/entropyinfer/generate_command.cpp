@@ -83,11 +83,7 @@ void run_generate(const GenerateArgs& args) {
                 std::to_string(model.context_length()) + "-token context");
   }
   if (prompt.size() > 1024) {
-    model.set_progress_callback([](int64_t done, int64_t total) {
-      std::fprintf(stderr, "\rprefill: %lld / %lld tokens", static_cast<long long>(done),
-                   static_cast<long long>(total));
-      if (done == total) std::fprintf(stderr, "\n");
-    });
+    model.set_progress_callback(prefill_progress_printer());
   }
 
   GenerationOptions options;

@@ -49,11 +49,7 @@ void run_inspect(const InspectArgs& args) {
   }
   Transformer model(weights, static_cast<int>(prompt.size()), attention);
   model.set_record_plans(true);
-  model.set_progress_callback([](int64_t done, int64_t total) {
-    std::fprintf(stderr, "\rprefill: %lld / %lld tokens", static_cast<long long>(done),
-                 static_cast<long long>(total));
-    if (done == total) std::fprintf(stderr, "\n");
-  });
+  model.set_progress_callback(prefill_progress_printer());
   model.forward(prompt);
   const std::vector<LayerPrefillPlan>& plans = model.recorded_plans();
   const ModelConfig& config = weights.config;
