@@ -94,6 +94,11 @@ void run_generate(const GenerateArgs& args) {
   for (int32_t id : tokenizer->eos_ids()) options.stop_token_ids.push_back(id);
   options.stop_strings = stop_strings;
 
+  // Like llama.cpp, show a plain prompt before its continuation (a chat shows only the answer).
+  if (!args.chat) {
+    std::fwrite(prompt_text.data(), 1, prompt_text.size(), stdout);
+    std::fflush(stdout);
+  }
   const GenerationResult result =
       generate(model, *tokenizer, prompt, options, [](std::string_view piece) {
         std::fwrite(piece.data(), 1, piece.size(), stdout);
