@@ -28,25 +28,6 @@ constexpr const char* kTok512 = "stories260K/tok512.bin";
 constexpr const char* kLlama2Bin = "tokenizers/llama2/tokenizer.bin";
 constexpr const char* kLlama2Model = "tokenizers/llama2/tokenizer.model";
 
-// Files written by a test, removed when the test program exits.
-struct TempFiles {
-  std::vector<std::filesystem::path> paths;
-  ~TempFiles() {
-    std::error_code error;
-    for (const auto& path : paths) std::filesystem::remove(path, error);
-  }
-};
-
-std::string temp_file(const std::string& name, const std::string& contents) {
-  static TempFiles files;
-  const std::filesystem::path path =
-      std::filesystem::temp_directory_path() /
-      ("entropyinfer_l2c_" + std::to_string(::getpid()) + "_" + name);
-  std::ofstream(path, std::ios::binary) << contents;
-  files.paths.push_back(path);
-  return path.string();
-}
-
 const Llama2cTokenizer& as_llama2c(const Tokenizer& tokenizer) {
   return dynamic_cast<const Llama2cTokenizer&>(tokenizer);
 }
@@ -317,12 +298,12 @@ TEST(Llama2cErrors, TruncatedFile) {
   ENTROPYINFER_REQUIRE_ASSET(kTok512);
   const std::string bytes = read_file_bytes(asset_path(kTok512));
   for (const size_t cut : {bytes.size() / 2, bytes.size() - 1, size_t{6}, size_t{2}, size_t{0}}) {
-    const std::string path = temp_file("cut.bin", bytes.substr(0, cut));
+    const std::string path = testing::temp_file("l2c", "cut.bin", bytes.substr(0, cut));
     expect_error_mentioning(path, 512, path);
     expect_error_mentioning(path, -1, path);
   }
   // Whole entries missing: the model expects more tokens than the file holds.
-  const std::string path = temp_file("short.bin", bytes);
+  const std::string path = testing::temp_file("l2c", "short.bin", bytes);
   expect_error_mentioning(path, 1000, "holds only 512 tokens");
 }
 
@@ -332,7 +313,7 @@ TEST(Llama2cErrors, CorruptLengths) {
   // The first entry's length field (after the 4-byte header and 4-byte score) becomes -5.
   const int32_t negative = -5;
   std::memcpy(&bytes[8], &negative, 4);
-  const std::string path = temp_file("negative.bin", bytes);
+  const std::string path = testing::temp_file("l2c", "negative.bin", bytes);
   expect_error_mentioning(path, 512, "invalid length -5");
 }
 
@@ -341,7 +322,7 @@ TEST(Llama2cErrors, RandomBytesAndWrongFiles) {
   for (int trial = 0; trial < 20; ++trial) {
     std::string bytes(2048, '\0');
     for (char& byte : bytes) byte = static_cast<char>(generator() & 0xFF);
-    const std::string path = temp_file("random.bin", bytes);
+    const std::string path = testing::temp_file("l2c", "random.bin", bytes);
     expect_error_mentioning(path, 512, path);
   }
   ENTROPYINFER_REQUIRE_ASSET(kLlama2Model);

@@ -72,25 +72,6 @@ std::vector<int32_t> load_token_list(const std::string& path) {
   return document.at("tokens").get<std::vector<int32_t>>();
 }
 
-// Files written by a test, removed when the test program exits.
-struct TempFiles {
-  std::vector<std::filesystem::path> paths;
-  ~TempFiles() {
-    std::error_code error;
-    for (const auto& path : paths) std::filesystem::remove(path, error);
-  }
-};
-
-std::string temp_file(const std::string& name, const std::string& contents) {
-  static TempFiles files;
-  const std::filesystem::path path =
-      std::filesystem::temp_directory_path() /
-      ("entropyinfer_spm_" + std::to_string(::getpid()) + "_" + name);
-  std::ofstream(path, std::ios::binary) << contents;
-  files.paths.push_back(path);
-  return path.string();
-}
-
 // Renders a reference tokenization written as pieces back to text: ▁ is a space and <0xNN> a byte.
 // The ▁ that opens a text run after a control token is the encoder's dummy prefix, not text, so it
 // is dropped there.
@@ -368,8 +349,8 @@ TEST(SentencePieceDetection, RecognisesModelFilesOnly) {
 
 TEST(SyntheticSentencePiece, MergesHighestScoreFirst) {
   const std::string sp = "\xE2\x96\x81";
-  const auto tokenizer = load_sentencepiece_tokenizer(temp_file(
-      "scores.model",
+  const auto tokenizer = load_sentencepiece_tokenizer(testing::temp_file(
+      "spm", "scores.model",
       synthetic_model({{sp, -1}, {"a", -1}, {"b", -1}, {"c", -1}, {"ab", -5}, {"bc", -2}})));
   // Pieces: <unk>=0 <s>=1 </s>=2 ▁=3 a=4 b=5 c=6 ab=7 bc=8. "bc" outscores "ab".
   EXPECT_EQ(tokenizer->encode("abc", {}), (std::vector<int32_t>{3, 4, 8}));
@@ -379,8 +360,8 @@ TEST(SyntheticSentencePiece, MergesHighestScoreFirst) {
 
 TEST(SyntheticSentencePiece, EqualScoresMergeLeftmostFirst) {
   const std::string sp = "\xE2\x96\x81";
-  const auto tokenizer = load_sentencepiece_tokenizer(temp_file(
-      "ties.model",
+  const auto tokenizer = load_sentencepiece_tokenizer(testing::temp_file(
+      "spm", "ties.model",
       synthetic_model({{sp, -1}, {"a", -1}, {"b", -1}, {"c", -1}, {"ab", -2}, {"bc", -2}})));
   EXPECT_EQ(tokenizer->encode("abc", {}), (std::vector<int32_t>{3, 7, 6}));
 }
@@ -389,8 +370,9 @@ TEST(SyntheticSentencePiece, UserDefinedPiecesStayWhole) {
   const std::string sp = "\xE2\x96\x81";
   // "xy" is user-defined (type 4): matched whole in the text and never merged with neighbours.
   const auto tokenizer = load_sentencepiece_tokenizer(
-      temp_file("user.model", synthetic_model({{sp, -1}, {"x", -1}, {"y", -1}, {"yx", -1}},
-                                              /*model_type=*/2, piece_message("xy", 0, 4))));
+      testing::temp_file("spm", "user.model",
+                         synthetic_model({{sp, -1}, {"x", -1}, {"y", -1}, {"yx", -1}},
+                                         /*model_type=*/2, piece_message("xy", 0, 4))));
   // Ids: ▁=3 x=4 y=5 yx=6 xy=7.
   EXPECT_EQ(tokenizer->encode("yxy", {}), (std::vector<int32_t>{3, 5, 7}));
 }
@@ -398,8 +380,8 @@ TEST(SyntheticSentencePiece, UserDefinedPiecesStayWhole) {
 TEST(SyntheticSentencePiece, PieceAcrossASpaceIsStillFound) {
   const std::string sp = "\xE2\x96\x81";
   // "a▁b" joins a character to a following space, so words cannot be segmented one at a time.
-  const auto tokenizer = load_sentencepiece_tokenizer(temp_file(
-      "across.model",
+  const auto tokenizer = load_sentencepiece_tokenizer(testing::temp_file(
+      "spm", "across.model",
       synthetic_model(
           {{sp, -1}, {"a", -1}, {"b", -1}, {"a" + sp, -2}, {"a" + sp + "b", -3}, {sp + "a", -9}})));
   EXPECT_FALSE(dynamic_cast<const SentencePieceTokenizer&>(*tokenizer).words_are_independent());
@@ -410,9 +392,9 @@ TEST(SyntheticSentencePiece, PieceAcrossASpaceIsStillFound) {
 TEST(SyntheticSentencePiece, UnusedPiecesAreSplitBack) {
   const std::string sp = "\xE2\x96\x81";
   // "ab" is unused (type 5): merges may pass through it, but it is never output.
-  const auto tokenizer = load_sentencepiece_tokenizer(
-      temp_file("unused.model",
-                synthetic_model({{sp, -1}, {"a", -1}, {"b", -1}}, 2, piece_message("ab", -1, 5))));
+  const auto tokenizer = load_sentencepiece_tokenizer(testing::temp_file(
+      "spm", "unused.model",
+      synthetic_model({{sp, -1}, {"a", -1}, {"b", -1}}, 2, piece_message("ab", -1, 5))));
   EXPECT_EQ(tokenizer->encode("ab", {}), (std::vector<int32_t>{3, 4, 5}));
 }
 
@@ -433,7 +415,7 @@ TEST(SentencePieceErrors, MissingFile) {
 }
 
 TEST(SentencePieceErrors, EmptyFile) {
-  const std::string path = temp_file("empty.model", "");
+  const std::string path = testing::temp_file("spm", "empty.model", "");
   expect_error_mentioning(path, path);
 }
 
@@ -442,7 +424,7 @@ TEST(SentencePieceErrors, RandomBytes) {
   for (int trial = 0; trial < 20; ++trial) {
     std::string bytes(4096, '\0');
     for (char& byte : bytes) byte = static_cast<char>(generator() & 0xFF);
-    const std::string path = temp_file("random.model", bytes);
+    const std::string path = testing::temp_file("spm", "random.model", bytes);
     expect_error_mentioning(path, path);
   }
 }
@@ -451,7 +433,7 @@ TEST(SentencePieceErrors, TruncatedModel) {
   ENTROPYINFER_REQUIRE_ASSET(kLlama2Model);
   const std::string bytes = read_file_bytes(asset_path(kLlama2Model));
   for (const size_t cut : {bytes.size() / 2, bytes.size() - 1, size_t{3}, size_t{1}}) {
-    const std::string path = temp_file("cut.model", bytes.substr(0, cut));
+    const std::string path = testing::temp_file("spm", "cut.model", bytes.substr(0, cut));
     expect_error_mentioning(path, path);
   }
 }
@@ -464,19 +446,20 @@ TEST(SentencePieceErrors, TiktokenFileIsNotAModel) {
 
 TEST(SentencePieceErrors, UnigramModelIsRejectedClearly) {
   const std::string path =
-      temp_file("unigram.model", synthetic_model({{"a", -1}}, /*model_type=*/1));
+      testing::temp_file("spm", "unigram.model", synthetic_model({{"a", -1}}, /*model_type=*/1));
   expect_error_mentioning(path, "unigram");
 }
 
 TEST(SentencePieceErrors, DuplicatePiece) {
-  const std::string path = temp_file("dup.model", synthetic_model({{"a", -1}, {"a", -2}}));
+  const std::string path =
+      testing::temp_file("spm", "dup.model", synthetic_model({{"a", -1}, {"a", -2}}));
   expect_error_mentioning(path, "appears twice");
 }
 
 TEST(SentencePieceErrors, ByteFallbackWithoutBytePieces) {
   std::string model = piece_message("<unk>", 0, 2) + piece_message("a", -1, 1);
   model += field_bytes(2, field_varint(3, 2) + field_varint(35, 1));
-  const std::string path = temp_file("nobytes.model", model);
+  const std::string path = testing::temp_file("spm", "nobytes.model", model);
   expect_error_mentioning(path, "<0x00>");
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -24,6 +25,26 @@ inline std::string read_file_bytes(const std::string& path) {
   std::ostringstream buffer;
   buffer << stream.rdbuf();
   return buffer.str();
+}
+
+// Writes `contents` to a file of its own (the tag and the process id keep parallel test processes
+// apart) that is removed when the test program exits; returns its path.
+inline std::string temp_file(const std::string& tag, const std::string& name,
+                             const std::string& contents) {
+  struct Cleanup {
+    std::vector<std::filesystem::path> paths;
+    ~Cleanup() {
+      std::error_code error;
+      for (const auto& path : paths) std::filesystem::remove(path, error);
+    }
+  };
+  static Cleanup written;
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() /
+      ("entropyinfer_" + tag + "_" + std::to_string(::getpid()) + "_" + name);
+  std::ofstream(path, std::ios::binary) << contents;
+  written.paths.push_back(path);
+  return path.string();
 }
 
 // Uniform values in [-scale, scale], reproducible from the seed.
