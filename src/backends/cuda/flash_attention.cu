@@ -1,9 +1,10 @@
 // FlashAttention-2 style kernel on mma.sync tensor-core instructions, split-KV decoding with a
-// log-sum-exp merge, and the dispatch between these and the Hopper kernel.
+// log-sum-exp merge, block-sparse prefill, and the dispatch between these and the Hopper kernel.
 #include <algorithm>
 #include <cmath>
 #include <string>
 
+#include "backends/cuda/device_plans.h"
 #include "backends/cuda/flash_attention.h"
 #include "backends/cuda/flash_attention_internal.cuh"
 
@@ -38,12 +39,18 @@ __device__ __forceinline__ uint32_t swizzled(uint32_t tile, int row, int chunk) 
   return tile + row * (kHeadDim * 2) + ((chunk ^ (row & 7)) << 4);
 }
 
-template <int kHeadDim, int kWarps, int kMmaBlockN, int kStages>
-__global__ void __launch_bounds__(32 * kWarps) flash_mma_kernel(const FlashParams p) {
+// kSparse: block-sparse prefill over each tile's virtual key sequence (detail::SparseKeys), one
+// split; the grid is then one-dimensional, row blocks latest first with the KV heads of each side
+// by side.
+template <int kHeadDim, int kWarps, int kMmaBlockN, int kStages, bool kSparse = false>
+__global__ void __launch_bounds__(32 * kWarps)
+    flash_mma_kernel(const detail::KernelParams<kSparse> p) {
   using Tile = MmaTile<kHeadDim, kWarps, kMmaBlockN, kStages>;
   constexpr int kBlockM = Tile::kBlockM, kChunks = Tile::kChunks, kThreads = Tile::kThreads;
-  constexpr int kTilesN = kMmaBlockN / 8;  // 8-key column tiles of S
-  constexpr int kTilesD = kHeadDim / 8;    // 8-wide column tiles of O
+  constexpr int kTilesN = kMmaBlockN / 8;                           // 8-key column tiles of S
+  constexpr int kTilesD = kHeadDim / 8;                             // 8-wide column tiles of O
+  constexpr int kLoadsPerThread = kMmaBlockN * kChunks / kThreads;  // 16-byte K (and V) copies
+  static_assert(!kSparse || kMmaBlockN * kChunks % kThreads == 0);
   extern __shared__ __align__(128) uint8_t shared[];
   const uint32_t q_tile = detail::shared_address(shared);
   const uint32_t k_tiles = q_tile + kBlockM * Tile::kRowBytes;
@@ -51,8 +58,14 @@ __global__ void __launch_bounds__(32 * kWarps) flash_mma_kernel(const FlashParam
 
   // Row blocks of one KV head run side by side and share its K/V in L2; latest (longest) rows
   // first.
-  const int kv_head = blockIdx.y;
-  const int row0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+  int kv_head, row0;
+  if constexpr (kSparse) {
+    kv_head = blockIdx.x % p.kv_heads;
+    row0 = (gridDim.x / p.kv_heads - 1 - blockIdx.x / p.kv_heads) * kBlockM;
+  } else {
+    kv_head = blockIdx.y;
+    row0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+  }
   const int split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = p.group;
@@ -61,7 +74,15 @@ __global__ void __launch_bounds__(32 * kWarps) flash_mma_kernel(const FlashParam
   const int first_position = p.device_position != nullptr ? *p.device_position : p.first_position;
   const int min_position = first_position + row0 / group;
   const int max_position = first_position + last_row / group;
-  const int total_blocks = (max_position + kMmaBlockN) / kMmaBlockN;
+  // Key slots: position x sits in slot x + shift (0 when dense), so the masks and the tile count
+  // below read the same for both.
+  detail::SparseKeys keys;
+  int shift = 0;
+  if constexpr (kSparse) {
+    keys = detail::sparse_keys(p, kv_head, min_position, max_position);
+    shift = keys.shift();
+  }
+  const int total_blocks = (max_position + shift + kMmaBlockN) / kMmaBlockN;
   const int blocks_per_split = (total_blocks + p.splits - 1) / p.splits;
   const int block_begin = split * blocks_per_split;
   const int block_end = min(total_blocks, block_begin + blocks_per_split);
@@ -92,19 +113,51 @@ __global__ void __launch_bounds__(32 * kWarps) flash_mma_kernel(const FlashParam
       detail::cp_async_16(swizzled<kHeadDim>(v_tile, r, c), v_head + offset, valid ? 16 : 0);
     }
   };
+  // Sparse: the cache rows of this thread's copies of a tile, looked up one tile before its copies
+  // are issued so that the index loads overlap a tile's products.
+  int next_rows[kSparse ? kLoadsPerThread : 1];
+  auto fetch_rows = [&](int block) {
+#pragma unroll
+    for (int i = 0; i < kLoadsPerThread; ++i) {
+      next_rows[i] = keys.key_row(block * kMmaBlockN + (threadIdx.x + i * kThreads) / kChunks);
+    }
+  };
+  auto load_sparse_kv = [&](int stage) {
+    const uint32_t k_tile = k_tiles + stage * Tile::kKvTileBytes;
+    const uint32_t v_tile = v_tiles + stage * Tile::kKvTileBytes;
+#pragma unroll
+    for (int i = 0; i < kLoadsPerThread; ++i) {
+      const int index = threadIdx.x + i * kThreads;
+      const int r = index / kChunks, c = index % kChunks;
+      const bool valid = next_rows[i] >= 0;  // slots past the end: zero-filled and masked
+      const int64_t offset = static_cast<int64_t>(valid ? next_rows[i] : 0) * kHeadDim + c * 8;
+      detail::cp_async_16(swizzled<kHeadDim>(k_tile, r, c), k_head + offset, valid ? 16 : 0);
+      detail::cp_async_16(swizzled<kHeadDim>(v_tile, r, c), v_head + offset, valid ? 16 : 0);
+    }
+  };
   // Group s of the prologue holds block_begin + s (the first also the queries); the group committed
   // in iteration i holds block i + kStages - 1.
 #pragma unroll
   for (int stage = 0; stage < kStages - 1; ++stage) {
-    if (block_begin + stage < block_end) load_kv(block_begin + stage, stage);
+    if (block_begin + stage < block_end) {
+      if constexpr (kSparse) {
+        fetch_rows(block_begin + stage);
+        load_sparse_kv(stage);
+      } else {
+        load_kv(block_begin + stage, stage);
+      }
+    }
     detail::cp_async_commit();
+  }
+  if constexpr (kSparse) {
+    if (block_begin + kStages - 1 < block_end) fetch_rows(block_begin + kStages - 1);
   }
 
   // This thread's two rows (g and g + 8 of its warp's 16).
   const int g = lane / 4, t = lane % 4;
   const int row_a = row0 + warp * 16 + g, row_b = row_a + 8;
-  const int position_a = first_position + row_a / group;
-  const int position_b = first_position + row_b / group;
+  const int position_a = first_position + row_a / group + shift;  // last slot row a sees
+  const int position_b = first_position + row_b / group + shift;
 
   float o[kTilesD][4];
 #pragma unroll
@@ -116,7 +169,12 @@ __global__ void __launch_bounds__(32 * kWarps) flash_mma_kernel(const FlashParam
     const int stage = (block - block_begin) % kStages;
     // Refills the stage the previous iteration read (every thread passed its closing barrier).
     if (block + kStages - 1 < block_end) {
-      load_kv(block + kStages - 1, (block - block_begin + kStages - 1) % kStages);
+      if constexpr (kSparse) {
+        load_sparse_kv((block - block_begin + kStages - 1) % kStages);
+        if (block + kStages < block_end) fetch_rows(block + kStages);
+      } else {
+        load_kv(block + kStages - 1, (block - block_begin + kStages - 1) % kStages);
+      }
     }
     detail::cp_async_commit();
     detail::cp_async_wait<kStages - 1>();
@@ -146,7 +204,7 @@ __global__ void __launch_bounds__(32 * kWarps) flash_mma_kernel(const FlashParam
       }
     }
 
-    if ((block + 1) * kMmaBlockN - 1 > min_position) {  // some key lies past some row's position
+    if ((block + 1) * kMmaBlockN - 1 > min_position + shift) {  // a slot past some row's last
 #pragma unroll
       for (int j = 0; j < kTilesN; ++j) {
         const int key = block * kMmaBlockN + 8 * j + 2 * t;
@@ -286,10 +344,10 @@ __global__ void merge_splits_kernel(const FlashParams p, int head_dim) {
   }
 }
 
-template <int kHeadDim, int kWarps, int kBlockN, int kStages>
+template <int kHeadDim, int kWarps, int kBlockN, int kStages, bool kSparse = false>
 void configure_mma() {
   static const bool configured = [] {
-    check(cudaFuncSetAttribute(flash_mma_kernel<kHeadDim, kWarps, kBlockN, kStages>,
+    check(cudaFuncSetAttribute(flash_mma_kernel<kHeadDim, kWarps, kBlockN, kStages, kSparse>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                MmaTile<kHeadDim, kWarps, kBlockN, kStages>::kSharedBytes),
           "cudaFuncSetAttribute(flash_mma_kernel)");
@@ -314,16 +372,18 @@ int decode_blocks_per_multiprocessor() {
   return blocks;
 }
 
-template <int kHeadDim, int kWarps, int kBlockN, int kStages>
-void launch_mma(const FlashParams& params, cudaStream_t stream) {
+template <int kHeadDim, int kWarps, int kBlockN, int kStages, bool kSparse = false>
+void launch_mma(const detail::KernelParams<kSparse>& params, cudaStream_t stream) {
   using Tile = MmaTile<kHeadDim, kWarps, kBlockN, kStages>;
-  configure_mma<kHeadDim, kWarps, kBlockN, kStages>();
+  configure_mma<kHeadDim, kWarps, kBlockN, kStages, kSparse>();
   const int64_t row_blocks =
       (static_cast<int64_t>(params.rows) + Tile::kBlockM - 1) / Tile::kBlockM;
-  const dim3 grid(static_cast<unsigned>(row_blocks), params.kv_heads, params.splits);
-  flash_mma_kernel<kHeadDim, kWarps, kBlockN, kStages>
+  const dim3 grid = kSparse
+                        ? dim3(static_cast<unsigned>(row_blocks * params.kv_heads))
+                        : dim3(static_cast<unsigned>(row_blocks), params.kv_heads, params.splits);
+  flash_mma_kernel<kHeadDim, kWarps, kBlockN, kStages, kSparse>
       <<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(params);
-  check_launch("flash_mma_kernel");
+  check_launch(kSparse ? "flash_mma_kernel (block-sparse)" : "flash_mma_kernel");
 }
 
 FlashParams make_params(const bf16* q, const bf16* key_cache, const bf16* value_cache,
@@ -396,6 +456,89 @@ void flash_prefill(const bf16* q, const bf16* key_cache, const bf16* value_cache
     launch_mma<128, kPrefillWarps, kPrefillBlockN, kPrefillStages>(params, stream);
   } else {
     launch_mma<64, kPrefillWarps, kPrefillBlockN, kPrefillStages>(params, stream);
+  }
+}
+
+void flash_prefill_block_sparse(const bf16* q, const bf16* key_cache, const bf16* value_cache,
+                                const FlashShape& shape, const DevicePrefillPlan& plan, bf16* out,
+                                cudaStream_t stream, FlashKernel kernel) {
+  const std::string prefix = "block-sparse attention: ";
+  if (shape.first_position != 0) {
+    throw Error(prefix + "runs a whole prompt: first_position must be 0, not " +
+                std::to_string(shape.first_position));
+  }
+  if (shape.device_position != nullptr) {
+    throw Error(prefix + "runs a whole prompt: device_position must be null");
+  }
+  if (plan.dense) {
+    flash_prefill(q, key_cache, value_cache, shape, out, stream, kernel);
+    return;
+  }
+  if (plan.num_tokens != shape.tokens || plan.num_kv_heads != shape.kv_heads) {
+    throw Error(prefix + "the plan describes " + std::to_string(plan.num_tokens) + " tokens and " +
+                std::to_string(plan.num_kv_heads) + " KV heads, the call " +
+                std::to_string(shape.tokens) + " and " + std::to_string(shape.kv_heads));
+  }
+  if (plan.segment_size <= 0 || plan.block_size <= 0 ||
+      plan.num_segments != (plan.num_tokens + plan.segment_size - 1) / plan.segment_size) {
+    throw Error(prefix + "the plan has segment size " + std::to_string(plan.segment_size) +
+                ", block size " + std::to_string(plan.block_size) + " and " +
+                std::to_string(plan.num_segments) + " segments for " +
+                std::to_string(plan.num_tokens) + " tokens");
+  }
+  if (plan.segment_sparse == nullptr || plan.row_offsets == nullptr ||
+      plan.block_indices == nullptr) {
+    throw Error(prefix + "a sparse plan needs its segment, row and block arrays");
+  }
+  if (shape.tokens == 0) return;
+  detail::SparseFlashParams params;
+  static_cast<FlashParams&>(params) = make_params(q, key_cache, value_cache, shape, out);
+  params.segment_sparse = plan.segment_sparse;
+  params.row_offsets = plan.row_offsets;
+  params.block_indices = plan.block_indices;
+  params.segment_size = plan.segment_size;
+  params.block_size = plan.block_size;
+  params.num_segments = plan.num_segments;
+
+  // Every tile of packed rows must lie in one segment, since its rows share one key sequence.
+  const int64_t segment_rows = static_cast<int64_t>(plan.segment_size) * params.group;
+  constexpr int kWgmmaRows = 128;
+  constexpr int kMmaRows = 16 * kPrefillWarps;
+  const std::string constraint =
+      "segment_size * (q_heads / kv_heads) = " + std::to_string(plan.segment_size) + " * " +
+      std::to_string(params.group) + " = " + std::to_string(segment_rows) +
+      " packed rows per segment must be a multiple of ";
+  if (kernel == FlashKernel::kAuto) {
+    if (wgmma_attention_available() && segment_rows % kWgmmaRows == 0) {
+      kernel = FlashKernel::kWgmma;
+    } else if (segment_rows % kMmaRows == 0) {
+      kernel = FlashKernel::kMma;
+    } else {
+      throw Error(prefix + "no kernel runs this shape: " + constraint + std::to_string(kMmaRows) +
+                  " (mma kernel) or " + std::to_string(kWgmmaRows) +
+                  " (wgmma kernel), so that every tile of rows lies in one segment");
+    }
+  }
+  if (kernel == FlashKernel::kWgmma || kernel == FlashKernel::kWgmmaSimple) {
+    if (!wgmma_attention_available()) {
+      throw Error("attention: the wgmma kernel needs a Hopper GPU and a build for sm_90a");
+    }
+    if (segment_rows % kWgmmaRows != 0) {
+      throw Error(prefix + "the wgmma kernel cannot run this shape: " + constraint +
+                  std::to_string(kWgmmaRows));
+    }
+    detail::launch_wgmma_sparse_prefill(params, static_cast<int>(shape.head_dim),
+                                        kernel == FlashKernel::kWgmma, stream);
+    return;
+  }
+  if (segment_rows % kMmaRows != 0) {
+    throw Error(prefix + "the mma kernel cannot run this shape: " + constraint +
+                std::to_string(kMmaRows));
+  }
+  if (shape.head_dim == 128) {
+    launch_mma<128, kPrefillWarps, kPrefillBlockN, kPrefillStages, true>(params, stream);
+  } else {
+    launch_mma<64, kPrefillWarps, kPrefillBlockN, kPrefillStages, true>(params, stream);
   }
 }
 

@@ -18,6 +18,9 @@
 //           barriers, three stages); each consumer overlaps its softmax with its next products.
 //   kWgmmaSimple: the same without that overlap (each step waits for its products), kept as the
 //           reference the overlapped schedule is tested and measured against.
+// Block-sparse prefill (flash_prefill_block_sparse) runs the same two prefill kernels over a
+// virtual key sequence per tile of rows: the selected blocks of its (KV head, segment) row, read
+// straight from the cache, then the segment's own keys; work follows the keys read.
 // Decode: split-KV flash-decoding (one warp per KV head and split, 32-key tiles four stages
 // deep); each split writes fp32 partial outputs and their log-sum-exp, and a second kernel merges
 // the splits.
@@ -26,6 +29,7 @@
 #include <cstdint>
 
 #include "backends/cuda/cuda_common.h"
+#include "backends/cuda/device_plans.h"
 
 namespace entropyinfer::cuda {
 
@@ -56,6 +60,23 @@ bool wgmma_attention_available();
 void flash_prefill(const bf16* q, const bf16* key_cache, const bf16* value_cache,
                    const FlashShape& shape, bf16* out, cudaStream_t stream,
                    FlashKernel kernel = FlashKernel::kAuto);
+
+// Causal attention of a whole prompt (positions 0 .. shape.tokens-1; shape.first_position must be
+// 0) under `plan`, exactly cpu::block_sparse_attention's semantics: a query of a sparse segment
+// attends to every key of its (KV head, segment) row's selected blocks (all end before the
+// segment) plus its own segment's keys up to itself; a query of a dense segment, or every query
+// when plan.dense, attends causally to all keys. plan.dense -> same as flash_prefill.
+//
+// A tile of packed rows must lie in one segment: segment_size * (q_heads / kv_heads) must be a
+// multiple of 128 for kWgmma / kWgmmaSimple and of 64 for kMma (kAuto takes the first that fits;
+// Error when none does). block_size may be any positive value. The plan's arrays are read on the
+// device when the kernel runs (no host synchronisation), so their contents are not validated
+// here: block indices must satisfy the plan's invariants (cpu::block_sparse_attention checks
+// them); an index outside the keys before its segment reads zeros rather than memory outside the
+// prompt. Throws Error for a plan whose shape does not match the call.
+void flash_prefill_block_sparse(const bf16* q, const bf16* key_cache, const bf16* value_cache,
+                                const FlashShape& shape, const DevicePrefillPlan& plan, bf16* out,
+                                cudaStream_t stream, FlashKernel kernel = FlashKernel::kAuto);
 
 // Split-KV decoding for few queries (one new token per sequence, or a handful) over a long cache.
 // splits 0 picks a count that fills the GPU. The workspace holds the partial results: at least

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/cuda/cuda_common.h"
 
@@ -34,9 +35,27 @@ struct FlashParams {
   float scale_log2 = 0.0f;  // softmax scale times log2(e)
 };
 
-// Launches the sm_90a kernel; defined in flash_attention_wgmma.cu.
+// The block-sparse prefill's parameters: the DevicePrefillPlan's arrays (device memory; rows r =
+// kv_head * num_segments + segment of the CSR list of selected key blocks). A type of its own so
+// that the dense kernels' parameters, and hence their code, stay as they were.
+struct SparseFlashParams : FlashParams {
+  const uint8_t* segment_sparse = nullptr;
+  const int32_t* row_offsets = nullptr;
+  const int32_t* block_indices = nullptr;
+  int segment_size = 0;
+  int block_size = 0;
+  int num_segments = 0;
+};
+
+template <bool kSparse>
+using KernelParams = std::conditional_t<kSparse, SparseFlashParams, FlashParams>;
+
+// Launch the sm_90a kernels (dense, and block-sparse with segment_size * group a multiple of 128);
+// defined in flash_attention_wgmma.cu.
 void launch_wgmma_prefill(const FlashParams& params, int head_dim, bool pipelined,
                           cudaStream_t stream);
+void launch_wgmma_sparse_prefill(const SparseFlashParams& params, int head_dim, bool pipelined,
+                                 cudaStream_t stream);
 bool wgmma_kernel_compiled();
 
 // ------------------------------------------------------------------------------------------------
@@ -108,6 +127,55 @@ __device__ __forceinline__ int64_t packed_row_offset(int row, int group, int kv_
   const int token = row / group;
   const int head = kv_head * group + (row - token * group);
   return token * token_stride + static_cast<int64_t>(head) * head_dim;
+}
+
+// The keys one tile of packed rows reads under a block-sparse plan, as a virtual sequence of slots:
+// first the selected blocks of its (KV head, segment) row in plan order (slot j is key
+// blocks[j / block_size] * block_size + j % block_size), then its own run of consecutive keys
+// own_start .. last_position (the segment's start, or 0 in a dense segment, up to the tile's last
+// token). Selected keys lie before the segment and are visible to every row; own keys are causal.
+// Hence key position x of the own run sits in slot x + shift, and a row at position `pos` sees
+// exactly the slots 0 .. pos + shift: the kernels mask slots as the dense kernels mask positions.
+// Dense kernels are the special case shift 0 (no selected keys, own run from 0).
+struct SparseKeys {
+  const int32_t* blocks = nullptr;  // the row's block indices
+  int selected = 0;                 // keys in the selected blocks (count * block_size)
+  int block_size = 1;
+  int own_start = 0;
+  int last_position = 0;
+
+  __host__ __device__ __forceinline__ int shift() const { return selected - own_start; }
+  __host__ __device__ __forceinline__ int last_slot() const { return last_position + shift(); }
+  // The cache row of `slot`, or -1 for a slot past the end (read as zeros and masked). A selected
+  // key outside 0 .. own_start - 1 (an invalid plan) also reads as -1: no read outside the prompt.
+  __host__ __device__ __forceinline__ int key_row(int slot) const {
+    if (slot < selected) {
+      const int64_t row =
+          static_cast<int64_t>(blocks[slot / block_size]) * block_size + slot % block_size;
+      return row >= 0 && row < own_start ? static_cast<int>(row) : -1;
+    }
+    return slot <= last_slot() ? slot - shift() : -1;
+  }
+};
+
+// The sequence of the tile whose packed rows start at token first_token and end at last_token
+// (both in one segment; the plan is not dense). Rows of dense segments are empty in the plan, but
+// only segment_sparse decides: a dense segment reads all keys 0 .. last_token.
+__host__ __device__ __forceinline__ SparseKeys sparse_keys(const SparseFlashParams& p, int kv_head,
+                                                           int first_token, int last_token) {
+  const int segment = first_token / p.segment_size;
+  const int row = kv_head * p.num_segments + segment;
+  // Three independent loads: the tile's first K/V copies wait for them.
+  const bool sparse = p.segment_sparse[segment] != 0;
+  const int begin = p.row_offsets[row];
+  const int end = p.row_offsets[row + 1];
+  SparseKeys keys;
+  keys.blocks = p.block_indices + begin;
+  keys.block_size = p.block_size;
+  keys.selected = sparse && end > begin ? (end - begin) * p.block_size : 0;
+  keys.own_start = sparse ? segment * p.segment_size : 0;
+  keys.last_position = last_token;
+  return keys;
 }
 
 }  // namespace entropyinfer::cuda::detail

@@ -6,6 +6,10 @@
 // and V N-major from shared memory. Named barriers hand stages between producer and consumers
 // ("full" and "empty" per stage), so the two warpgroups drift apart and one's softmax overlaps the
 // other's matrix products.
+//
+// The block-sparse variant (kSparse) runs the same pipeline over a tile's virtual key sequence
+// (detail::SparseKeys): the producer looks each slot's cache row up in a small table it fills one
+// tile ahead, and the consumers mask slots exactly as the dense kernel masks positions.
 #include <string>
 
 #include "backends/cuda/flash_attention_internal.cuh"
@@ -34,6 +38,11 @@ struct WgmmaLayout {
   static constexpr int kFullBarrier = 1;             // + stage: the producer filled it
   static constexpr int kEmptyBarrier = 1 + kStages;  // + stage: both warpgroups are done with it
   static constexpr int kQueryBarrier = 1 + 2 * kStages;  // + warpgroup: its Q rows are in place
+  // Sparse only: the producer's table of cache rows, two tiles of kBlockN ints after the stages
+  // (231424 bytes in all for head_dim 128, within the 232448 a block may have).
+  static constexpr int kTableBarrier = 3 + 2 * kStages;  // the producer wrote the next table
+  static constexpr int kTableBytes = 2 * kBlockN * 4;
+  static constexpr int kSparseSharedBytes = kSharedBytes + kTableBytes;
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -197,6 +206,59 @@ __device__ __forceinline__ void producer_loop(const FlashParams& p, uint32_t sta
   }
 }
 
+// The sparse producer: slot s of a tile may come from anywhere before the segment, so each thread
+// first writes the cache row of one slot of the tile into a shared table (looked up one tile ahead,
+// so that the index load overlaps the previous tile's copies), and every pass reads its rows there.
+// The table has two halves: a half is rewritten two tiles later, after every producer thread has
+// passed the next tile's table barrier, hence after it finished reading.
+template <int kHeadDim>
+__device__ __forceinline__ void sparse_producer_loop(const FlashParams& p, uint32_t stage_tiles,
+                                                     int* table, int kv_head, int blocks,
+                                                     const SparseKeys& keys) {
+  using Layout = WgmmaLayout<kHeadDim>;
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kRowsPerPass = kProducerThreads / kChunks;
+  constexpr int kPasses = kBlockN / kRowsPerPass;
+  constexpr int kBatch = 4;  // table reads issued together before their copies
+  const int producer = threadIdx.x - kConsumerThreads;
+  const int lane_row = producer / kChunks, chunk = producer % kChunks;
+  const int64_t head_offset = static_cast<int64_t>(kv_head) * p.cache_stride * kHeadDim + chunk * 8;
+  const bf16* k_thread = p.k + head_offset;
+  const bf16* v_thread = p.v + head_offset;
+  const uint32_t thread_offset =
+      (chunk >> 3) * kBlockN * 128 + lane_row * 128 + (((chunk & 7) ^ (lane_row & 7)) << 4);
+  int next_row = keys.key_row(producer);
+  for (int block = 0; block < blocks; ++block) {
+    const int stage = block % kStages;
+    int* rows = table + (block & 1) * kBlockN;
+    rows[producer] = next_row;
+    named_barrier_sync(Layout::kTableBarrier, kProducerThreads);
+    if (block >= kStages) named_barrier_sync(Layout::kEmptyBarrier + stage, kThreads);
+    if (block + 1 < blocks) next_row = keys.key_row((block + 1) * kBlockN + producer);
+    const uint32_t k_tile = stage_tiles + stage * Layout::kStageBytes + thread_offset;
+    const uint32_t v_tile = k_tile + Layout::kTileBytes;
+#pragma unroll 1
+    for (int batch = 0; batch < kPasses; batch += kBatch) {
+      int row[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) row[i] = rows[(batch + i) * kRowsPerPass + lane_row];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const uint32_t offset = (batch + i) * kRowsPerPass * 128;
+        // Slots past the end (row -1) are masked; zero-filled so that 0 * V stays finite.
+        const bool valid = row[i] >= 0;
+        const int64_t source = static_cast<int64_t>(valid ? row[i] : 0) * kHeadDim;
+        cp_async_16(k_tile + offset, k_thread + source, valid ? 16 : 0);
+        cp_async_16(v_tile + offset, v_thread + source, valid ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();
+    named_barrier_arrive(Layout::kFullBarrier + stage, kThreads);
+  }
+}
+
 // Hands registers from the producer warpgroup (which needs few) to the consumers (which hold S, P
 // and O).
 __device__ __forceinline__ void producer_registers() {
@@ -210,9 +272,11 @@ __device__ __forceinline__ void consumer_registers() {
 
 // kPipelined: each warpgroup issues S(j+1) = Q K(j+1)^T and O += P(j) V(j) before the softmax of
 // S(j+1), so that the softmax runs while the tensor cores work (FlashAttention-3's intra-warpgroup
-// overlap); otherwise each step waits for its own products.
-template <int kHeadDim, bool kPipelined>
-__global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashParams p) {
+// overlap); otherwise each step waits for its own products. kSparse: block-sparse prefill (see
+// SparseKeys); the grid is then one-dimensional, row blocks latest first with the KV heads of each
+// side by side (the last, densest segment starts first; the CTAs of one segment share its blocks).
+template <int kHeadDim, bool kPipelined, bool kSparse>
+__global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const KernelParams<kSparse> p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Layout = WgmmaLayout<kHeadDim>;
   constexpr int kChunks = kHeadDim / 8;
@@ -224,17 +288,38 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashPar
 
   // Row blocks of one KV head run side by side and share its K/V in L2; latest (longest) rows
   // first.
-  const int kv_head = blockIdx.y;
-  const int row0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+  int kv_head, row0;
+  if constexpr (kSparse) {
+    kv_head = blockIdx.x % p.kv_heads;
+    row0 = (gridDim.x / p.kv_heads - 1 - blockIdx.x / p.kv_heads) * kBlockM;
+  } else {
+    kv_head = blockIdx.y;
+    row0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+  }
   const int group = p.group;
   const int last_row = min(row0 + kBlockM, p.rows) - 1;
   const int min_position = p.first_position + row0 / group;
   const int max_position = p.first_position + last_row / group;
-  const int blocks = (max_position + kBlockN) / kBlockN;
+  // Key slots: position x sits in slot x + shift (0 when dense), so the masks and the tile count
+  // below read the same for both.
+  SparseKeys keys;
+  int shift = 0;
+  if constexpr (kSparse) {
+    keys = sparse_keys(p, kv_head, min_position, max_position);
+    shift = keys.shift();
+  }
+  const int blocks = (max_position + shift + kBlockN) / kBlockN;
 
   if (threadIdx.x >= kConsumerThreads) {
     producer_registers();
-    producer_loop<kHeadDim>(p, stage_tiles, kv_head, blocks, max_position);
+    if constexpr (kSparse) {
+      const uint32_t table = stage_tiles + kStages * Layout::kStageBytes;
+      sparse_producer_loop<kHeadDim>(
+          p, stage_tiles, reinterpret_cast<int*>(shared_raw + (table - shared_address(shared_raw))),
+          kv_head, blocks, keys);
+    } else {
+      producer_loop<kHeadDim>(p, stage_tiles, kv_head, blocks, max_position);
+    }
     return;
   }
   consumer_registers();
@@ -259,8 +344,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashPar
   named_barrier_sync(Layout::kQueryBarrier + warpgroup, 128);
 
   const int row_a = row0 + warpgroup * 64 + warp_in_group * 16 + lane / 4, row_b = row_a + 8;
-  const int position_a = p.first_position + row_a / group;
-  const int position_b = p.first_position + row_b / group;
+  const int position_a = p.first_position + row_a / group + shift;  // last slot row a sees
+  const int position_b = p.first_position + row_b / group + shift;
   const uint32_t q_rows = q_tile + warpgroup * 64 * 128;
 
   float o[kHeadDim / 2];
@@ -313,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashPar
   // Online softmax of S in place: mask, new running maxima, exponentials, sums; the factors that
   // rescale O are kept for when O is free.
   auto softmax = [&](int block) {
-    if ((block + 1) * kBlockN - 1 > min_position) {  // some key lies past some row's position
+    if ((block + 1) * kBlockN - 1 > min_position + shift) {  // a slot past some row's last
 #pragma unroll
       for (int j = 0; j < kTilesN; ++j) {
         const int key = block * kBlockN + 8 * j + 2 * t;
@@ -424,21 +509,35 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const FlashPar
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-template <int kHeadDim, bool kPipelined>
-void launch(const FlashParams& params, cudaStream_t stream) {
+template <int kHeadDim, bool kPipelined, bool kSparse>
+void launch(const KernelParams<kSparse>& params, cudaStream_t stream) {
   using Layout = WgmmaLayout<kHeadDim>;
+  constexpr int kSharedBytes = kSparse ? Layout::kSparseSharedBytes : Layout::kSharedBytes;
   static const bool configured = [] {
-    check(cudaFuncSetAttribute(flash_wgmma_kernel<kHeadDim, kPipelined>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kSharedBytes),
+    check(cudaFuncSetAttribute(flash_wgmma_kernel<kHeadDim, kPipelined, kSparse>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
           "cudaFuncSetAttribute(flash_wgmma_kernel)");
     return true;
   }();
   (void)configured;
   const int64_t row_blocks = (static_cast<int64_t>(params.rows) + kBlockM - 1) / kBlockM;
-  const dim3 grid(static_cast<unsigned>(row_blocks), params.kv_heads);
-  flash_wgmma_kernel<kHeadDim, kPipelined>
-      <<<grid, kThreads, Layout::kSharedBytes, stream>>>(params);
-  check_launch("flash_wgmma_kernel");
+  const dim3 grid = kSparse ? dim3(static_cast<unsigned>(row_blocks * params.kv_heads))
+                            : dim3(static_cast<unsigned>(row_blocks), params.kv_heads);
+  flash_wgmma_kernel<kHeadDim, kPipelined, kSparse>
+      <<<grid, kThreads, kSharedBytes, stream>>>(params);
+  check_launch(kSparse ? "flash_wgmma_kernel (block-sparse)" : "flash_wgmma_kernel");
+}
+
+template <bool kSparse>
+void launch_any(const KernelParams<kSparse>& params, int head_dim, bool pipelined,
+                cudaStream_t stream) {
+  if (head_dim == 128) {
+    pipelined ? launch<128, true, kSparse>(params, stream)
+              : launch<128, false, kSparse>(params, stream);
+  } else {
+    pipelined ? launch<64, true, kSparse>(params, stream)
+              : launch<64, false, kSparse>(params, stream);
+  }
 }
 
 }  // namespace
@@ -453,11 +552,12 @@ bool wgmma_kernel_compiled() {
 
 void launch_wgmma_prefill(const FlashParams& params, int head_dim, bool pipelined,
                           cudaStream_t stream) {
-  if (head_dim == 128) {
-    pipelined ? launch<128, true>(params, stream) : launch<128, false>(params, stream);
-  } else {
-    pipelined ? launch<64, true>(params, stream) : launch<64, false>(params, stream);
-  }
+  launch_any<false>(params, head_dim, pipelined, stream);
+}
+
+void launch_wgmma_sparse_prefill(const SparseFlashParams& params, int head_dim, bool pipelined,
+                                 cudaStream_t stream) {
+  launch_any<true>(params, head_dim, pipelined, stream);
 }
 
 }  // namespace entropyinfer::cuda::detail
