@@ -1,11 +1,16 @@
 // entropyinfer_gpu_bench: GPU benchmarks. Subcommands:
 //   attention  prefill kernels' TFLOP/s (causal) and split-KV decode bandwidth at several lengths
 //   model      whole-model prefill and decode of a random-weight model of a real shape
+//   sparse-attention  block-sparse prefill on EntropyInfer's typical plan against dense prefill
 #include <cstring>
 #include <exception>
 #include <iostream>
 
 #include "bench_common.h"
+
+namespace entropyinfer::bench {
+int run_sparse_attention_bench(int argc, char** argv);  // bench_sparse_attention.cpp
+}
 
 int main(int argc, char** argv) {
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0) {
@@ -16,7 +21,11 @@ int main(int argc, char** argv) {
            "       entropyinfer_gpu_bench model [--shape llama-3.1-8b] [--prefill "
            "16384,32768,65536,131072]\n"
            "         [--decode-contexts 32768,131072] [--decode-tokens 32] [--chunk 16384] [--json "
-           "PATH]\n";
+           "PATH]\n"
+           "       entropyinfer_gpu_bench sparse-attention [--lengths 32768,65536,131072]\n"
+           "         [--q-heads 32] [--kv-heads 8] [--head-dim 128] [--segment 512] [--block 8]\n"
+           "         [--top-blocks 256] [--threshold 4096] [--kernel auto|wgmma|wgmma_simple|mma]\n"
+           "         [--json PATH]\n";
     return argc < 2 ? 2 : 0;
   }
   try {
@@ -29,6 +38,8 @@ int main(int argc, char** argv) {
     }
     if (std::strcmp(argv[1], "model") == 0)
       return entropyinfer::bench::run_model_bench(argc - 2, argv + 2);
+    if (std::strcmp(argv[1], "sparse-attention") == 0)
+      return entropyinfer::bench::run_sparse_attention_bench(argc - 2, argv + 2);
     std::cerr << "error: unknown benchmark '" << argv[1] << "'\n";
     return 2;
   } catch (const std::exception& error) {
