@@ -1,7 +1,7 @@
 // Block-sparse prefill (cuda::flash_prefill_block_sparse) against cpu::block_sparse_attention
 // (fp32) on random bf16 inputs and random plans made on the host: rows of every length (empty,
 // a few blocks, a random subset, every visible block), dense and sparse segments mixed, segment
-// sizes from 16 to 512, block sizes from 1 to 200 (larger than a key tile), group sizes 4 and 1,
+// sizes from 16 to 512, block sizes from 1 to 200 (larger than a key tile), group sizes 1 to 8,
 // head sizes 64 and 128, prompt lengths that are no multiple of a tile; on the mma kernel and
 // both wgmma kernels wherever the shape allows them. Also: a dense layer plan, a plan that selects
 // every visible block (the same result as flash_prefill), and the errors for shapes no kernel runs.
@@ -224,6 +224,8 @@ const std::vector<SparseCase> kCases = {
     {64, 8, 2, 1300, 512, 1},     // one-key blocks
     {128, 8, 2, 96, 32, 8},       // fewer tokens than a tile of rows
     {128, 32, 8, 2100, 512, 8},   // the defaults (S 512, b 8) on a real head layout
+    {64, 6, 2, 500, 128, 8},      // group 3: tiles of rows split a token's heads
+    {128, 8, 1, 300, 16, 8},      // group 8: 128 rows per segment
 };
 
 TEST(CudaBlockSparse, MatchesCpuReferenceOnRandomPlans) {
