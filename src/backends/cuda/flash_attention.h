@@ -69,11 +69,12 @@ void flash_prefill(const bf16* q, const bf16* key_cache, const bf16* value_cache
 //
 // A tile of packed rows must lie in one segment: segment_size * (q_heads / kv_heads) must be a
 // multiple of 128 for kWgmma / kWgmmaSimple and of 64 for kMma (kAuto takes kWgmma where it is
-// available and fits, else kMma; Error when none fits). block_size may be any positive value. The plan's arrays are read on the
-// device when the kernel runs (no host synchronisation), so their contents are not validated
-// here: block indices must satisfy the plan's invariants (cpu::block_sparse_attention checks
-// them); a selected key outside 0 .. segment start - 1 reads as zeros rather than memory outside
-// the prompt. Throws Error for a plan whose shape does not match the call.
+// available and fits, else kMma; Error when none fits). block_size may be any positive value. The
+// plan's arrays are read on the device when the kernel runs (no host synchronisation), so their
+// contents are not validated here: block indices must satisfy the plan's invariants
+// (cpu::block_sparse_attention checks them); a selected key outside 0 .. segment start - 1 reads as
+// zeros rather than memory outside the prompt. Throws Error for a plan whose shape does not match
+// the call.
 void flash_prefill_block_sparse(const bf16* q, const bf16* key_cache, const bf16* value_cache,
                                 const FlashShape& shape, const DevicePrefillPlan& plan, bf16* out,
                                 cudaStream_t stream, FlashKernel kernel = FlashKernel::kAuto);
