@@ -1,0 +1,458 @@
+// Split-KV decode attention over per-head caches of different lengths (see ragged_decode.h). The
+// tile loop follows flash_decode's warp kernel (flash_attention.cu), with the causal mask replaced
+// by each cache's run-time length and the rows of a tile being the query heads that read the cache.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backends/cuda/flash_attention_internal.cuh"
+#include "backends/cuda/ragged_decode.h"
+
+namespace entropyinfer::cuda {
+namespace {
+
+constexpr int kBlockN = 32;  // keys per tile
+constexpr int kStages = 4;   // tiles in flight per warp: three loads overlap each tile's math
+constexpr int kRows = 16;    // query rows of one mma tile
+
+template <int kHeadDim>
+struct RaggedTile {
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kRowBytes = kHeadDim * 2;
+  static constexpr int kKvTileBytes = kBlockN * kRowBytes;
+  static constexpr int kSharedBytes = kRows * kRowBytes + 2 * kStages * kKvTileBytes;  // Q, K, V
+};
+
+template <int kHeadDim>
+__device__ __forceinline__ uint32_t swizzled(uint32_t tile, int row, int chunk) {
+  return tile + row * (kHeadDim * 2) + ((chunk ^ (row & 7)) << 4);
+}
+
+struct RaggedParams {
+  const bf16* q = nullptr;
+  const bf16* k = nullptr;
+  const bf16* v = nullptr;
+  bf16* out = nullptr;
+  const int32_t* lengths = nullptr;
+  // Split partial results (null with one split): partial_out [splits][q_heads][head_dim]
+  // normalised by its own sum, partial_lse [splits][q_heads] its log2-sum-exp2 of scaled scores.
+  float* partial_out = nullptr;
+  float* partial_lse = nullptr;
+  int64_t cache_stride = 0;
+  int q_heads = 0;
+  int group = 1;
+  int rows = 1;  // query heads per cache: group, or 1 when per_query_head
+  bool per_query_head = false;
+  int splits = 1;
+  float scale_log2 = 0.0f;
+};
+
+__device__ __forceinline__ int query_head_of(const RaggedParams& p, int cache, int row) {
+  return p.per_query_head ? cache : cache * p.group + row;
+}
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(32) ragged_decode_kernel(const RaggedParams p) {
+  using Tile = RaggedTile<kHeadDim>;
+  constexpr int kChunks = Tile::kChunks;
+  constexpr int kTilesN = kBlockN / 8;   // 8-key column tiles of S
+  constexpr int kTilesD = kHeadDim / 8;  // 8-wide column tiles of O
+  extern __shared__ __align__(128) uint8_t shared[];
+  const uint32_t q_tile = detail::shared_address(shared);
+  const uint32_t k_tiles = q_tile + kRows * Tile::kRowBytes;
+  const uint32_t v_tiles = k_tiles + kStages * Tile::kKvTileBytes;
+
+  const int row0 = blockIdx.x * kRows;
+  const int cache = blockIdx.y;
+  const int split = blockIdx.z;
+  const int lane = threadIdx.x;
+
+  // Each split takes an equal share of its own cache's tiles, so short heads finish early.
+  const int length = min(max(p.lengths[cache], 0), static_cast<int>(p.cache_stride));
+  const int total_blocks = (length + kBlockN - 1) / kBlockN;
+  const int blocks_per_split = (total_blocks + p.splits - 1) / p.splits;
+  const int block_begin = min(total_blocks, split * blocks_per_split);
+  const int block_end = min(total_blocks, block_begin + blocks_per_split);
+
+  const bf16* k_head = p.k + static_cast<int64_t>(cache) * p.cache_stride * kHeadDim;
+  const bf16* v_head = p.v + static_cast<int64_t>(cache) * p.cache_stride * kHeadDim;
+
+  for (int index = lane; index < kRows * kChunks; index += 32) {
+    const int r = index / kChunks, c = index % kChunks;
+    const int row = row0 + r;
+    const bool valid = row < p.rows;
+    const bf16* source =
+        valid ? p.q + static_cast<int64_t>(query_head_of(p, cache, row)) * kHeadDim + c * 8 : p.q;
+    detail::cp_async_16(swizzled<kHeadDim>(q_tile, r, c), source, valid ? 16 : 0);
+  }
+  auto load_kv = [&](int block, int stage) {
+    const uint32_t k_tile = k_tiles + stage * Tile::kKvTileBytes;
+    const uint32_t v_tile = v_tiles + stage * Tile::kKvTileBytes;
+    for (int index = lane; index < kBlockN * kChunks; index += 32) {
+      const int r = index / kChunks, c = index % kChunks;
+      const int key = block * kBlockN + r;
+      const bool valid = key < length;  // rows past the length are zeros, so 0 * V stays finite
+      const int64_t offset = static_cast<int64_t>(valid ? key : 0) * kHeadDim + c * 8;
+      detail::cp_async_16(swizzled<kHeadDim>(k_tile, r, c), k_head + offset, valid ? 16 : 0);
+      detail::cp_async_16(swizzled<kHeadDim>(v_tile, r, c), v_head + offset, valid ? 16 : 0);
+    }
+  };
+  // Group s of the prologue holds block_begin + s (the first also the queries); the group committed
+  // in iteration i holds block i + kStages - 1.
+#pragma unroll
+  for (int stage = 0; stage < kStages - 1; ++stage) {
+    if (block_begin + stage < block_end) load_kv(block_begin + stage, stage);
+    detail::cp_async_commit();
+  }
+
+  // This thread's two rows, g and g + 8.
+  const int g = lane / 4, t = lane % 4;
+  const int row_a = row0 + g, row_b = row_a + 8;
+
+  float o[kTilesD][4];
+#pragma unroll
+  for (int i = 0; i < kTilesD; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
+  uint32_t qa[kHeadDim / 16][4];
+
+  for (int block = block_begin; block < block_end; ++block) {
+    const int stage = (block - block_begin) % kStages;
+    if (block + kStages - 1 < block_end) {
+      load_kv(block + kStages - 1, (block - block_begin + kStages - 1) % kStages);
+    }
+    detail::cp_async_commit();
+    detail::cp_async_wait<kStages - 1>();
+    __syncthreads();
+    if (block == block_begin) {
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        detail::ldmatrix_x4(qa[kk], swizzled<kHeadDim>(q_tile, lane & 15, 2 * kk + (lane >> 4)));
+      }
+    }
+    const uint32_t k_tile = k_tiles + stage * Tile::kKvTileBytes;
+    const uint32_t v_tile = v_tiles + stage * Tile::kKvTileBytes;
+
+    float s[kTilesN][4];
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+#pragma unroll
+      for (int np = 0; np < kTilesN / 2; ++np) {
+        uint32_t b[4];
+        const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+        detail::ldmatrix_x4(b, swizzled<kHeadDim>(k_tile, key, 2 * kk + ((lane >> 3) & 1)));
+        detail::mma_bf16_16816(s[2 * np], qa[kk], b[0], b[1]);
+        detail::mma_bf16_16816(s[2 * np + 1], qa[kk], b[2], b[3]);
+      }
+    }
+    if ((block + 1) * kBlockN > length) {  // the cache's last, partial tile
+#pragma unroll
+      for (int j = 0; j < kTilesN; ++j) {
+        const int key = block * kBlockN + 8 * j + 2 * t;
+        if (key >= length) s[j][0] = s[j][2] = -INFINITY;
+        if (key + 1 >= length) s[j][1] = s[j][3] = -INFINITY;
+      }
+    }
+    float block_max_a = -INFINITY, block_max_b = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+      block_max_a = fmaxf(block_max_a, fmaxf(s[j][0], s[j][1]));
+      block_max_b = fmaxf(block_max_b, fmaxf(s[j][2], s[j][3]));
+    }
+    const float new_max_a = fmaxf(max_a, detail::quad_max(block_max_a) * p.scale_log2);
+    const float new_max_b = fmaxf(max_b, detail::quad_max(block_max_b) * p.scale_log2);
+    // Every tile holds at least one key below the length, so new_max is finite; the guard keeps a
+    // stray -inf from turning into NaN all the same.
+    const float reference_a = new_max_a == -INFINITY ? 0.0f : new_max_a;
+    const float reference_b = new_max_b == -INFINITY ? 0.0f : new_max_b;
+    const float rescale_a = detail::fast_exp2(max_a - reference_a);
+    const float rescale_b = detail::fast_exp2(max_b - reference_b);
+    max_a = new_max_a;
+    max_b = new_max_b;
+    float block_sum_a = 0.0f, block_sum_b = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+      s[j][0] = detail::fast_exp2(fmaf(s[j][0], p.scale_log2, -reference_a));
+      s[j][1] = detail::fast_exp2(fmaf(s[j][1], p.scale_log2, -reference_a));
+      s[j][2] = detail::fast_exp2(fmaf(s[j][2], p.scale_log2, -reference_b));
+      s[j][3] = detail::fast_exp2(fmaf(s[j][3], p.scale_log2, -reference_b));
+      block_sum_a += s[j][0] + s[j][1];
+      block_sum_b += s[j][2] + s[j][3];
+    }
+    sum_a = sum_a * rescale_a + block_sum_a;
+    sum_b = sum_b * rescale_b + block_sum_b;
+#pragma unroll
+    for (int i = 0; i < kTilesD; ++i) {
+      o[i][0] *= rescale_a;
+      o[i][1] *= rescale_a;
+      o[i][2] *= rescale_b;
+      o[i][3] *= rescale_b;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t pa[4] = {detail::pack_bf16(s[2 * kk][0], s[2 * kk][1]),
+                              detail::pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                              detail::pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              detail::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < kTilesD / 2; ++dp) {
+        uint32_t b[4];
+        const int key = 16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3);
+        detail::ldmatrix_x4_trans(b, swizzled<kHeadDim>(v_tile, key, 2 * dp + (lane >> 4)));
+        detail::mma_bf16_16816(o[2 * dp], pa, b[0], b[1]);
+        detail::mma_bf16_16816(o[2 * dp + 1], pa, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // the next iteration's loads overwrite the stage read here
+  }
+  detail::cp_async_wait<0>();
+
+  sum_a = detail::quad_sum(sum_a);
+  sum_b = detail::quad_sum(sum_b);
+  const float inverse_a = sum_a > 0.0f ? 1.0f / sum_a : 0.0f;  // an empty cache or split: zeros
+  const float inverse_b = sum_b > 0.0f ? 1.0f / sum_b : 0.0f;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = half == 0 ? row_a : row_b;
+    if (row >= p.rows) continue;
+    const int head = query_head_of(p, cache, row);
+    const float inverse = half == 0 ? inverse_a : inverse_b;
+    if (p.partial_out == nullptr) {
+      bf16* out = p.out + static_cast<int64_t>(head) * kHeadDim;
+#pragma unroll
+      for (int i = 0; i < kTilesD; ++i) {
+        *reinterpret_cast<uint32_t*>(out + 8 * i + 2 * t) =
+            detail::pack_bf16(o[i][2 * half] * inverse, o[i][2 * half + 1] * inverse);
+      }
+    } else {
+      const int64_t slot = static_cast<int64_t>(split) * p.q_heads + head;
+      float* out = p.partial_out + slot * kHeadDim;
+#pragma unroll
+      for (int i = 0; i < kTilesD; ++i) {
+        *reinterpret_cast<float2*>(out + 8 * i + 2 * t) =
+            make_float2(o[i][2 * half] * inverse, o[i][2 * half + 1] * inverse);
+      }
+      if (t == 0) {
+        const float sum = half == 0 ? sum_a : sum_b;
+        const float row_max = half == 0 ? max_a : max_b;
+        p.partial_lse[slot] = sum > 0.0f ? row_max + log2f(sum) : -INFINITY;
+      }
+    }
+  }
+}
+
+// One block of head_dim threads per query head: out = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s
+// - max), zeros when every split was empty (an empty cache).
+__global__ void ragged_merge_kernel(const float* partial_out, const float* partial_lse, int splits,
+                                    int q_heads, int head_dim, bf16* out) {
+  extern __shared__ float weights[];  // [splits]
+  __shared__ float total;
+  const int head = blockIdx.x;
+  if (threadIdx.x < 32) {
+    float best = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += 32) {
+      best = fmaxf(best, partial_lse[static_cast<int64_t>(s) * q_heads + head]);
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, offset));
+    }
+    float sum = 0.0f;
+    for (int s = threadIdx.x; s < splits; s += 32) {
+      const float lse = partial_lse[static_cast<int64_t>(s) * q_heads + head];
+      const float weight = best == -INFINITY ? 0.0f : exp2f(lse - best);  // 0 for empty splits
+      weights[s] = weight;
+      sum += weight;
+    }
+    for (int offset = 16; offset > 0; offset >>= 1)
+      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (threadIdx.x == 0) total = sum;
+  }
+  __syncthreads();
+  const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
+    float value = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      if (weights[s] != 0.0f) {
+        value +=
+            weights[s] * partial_out[(static_cast<int64_t>(s) * q_heads + head) * head_dim + e];
+      }
+    }
+    out[static_cast<int64_t>(head) * head_dim + e] = __float2bfloat16(value * inverse);
+  }
+}
+
+// One block per cache: every thread reads the old length before thread 0 stores the new one.
+__global__ void ragged_append_kernel(const bf16* k, const bf16* v, int head_dim,
+                                     int64_t cache_stride, int group, bool per_query_head,
+                                     bf16* key_cache, bf16* value_cache, int32_t* lengths) {
+  const int cache = blockIdx.x;
+  const int kv_head = per_query_head ? cache / group : cache;
+  const int row = lengths[cache];
+  __syncthreads();
+  if (row < 0 || row >= cache_stride) return;  // full: the caller broke its guarantee
+  const int64_t target = (static_cast<int64_t>(cache) * cache_stride + row) * head_dim;
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
+    key_cache[target + e] = k[static_cast<int64_t>(kv_head) * head_dim + e];
+    value_cache[target + e] = v[static_cast<int64_t>(kv_head) * head_dim + e];
+  }
+  if (threadIdx.x == 0) lengths[cache] = row + 1;
+}
+
+void check_shape(const RaggedShape& shape, bool decode) {
+  if (shape.kv_heads <= 0 || shape.q_heads <= 0 || shape.q_heads % shape.kv_heads != 0) {
+    throw Error("ragged decode: " + std::to_string(shape.q_heads) + " query heads cannot share " +
+                std::to_string(shape.kv_heads) + " KV heads");
+  }
+  if (decode ? shape.head_dim != 64 && shape.head_dim != 128
+             : shape.head_dim <= 0 || shape.head_dim > 1024) {
+    throw Error("ragged decode: head_dim " + std::to_string(shape.head_dim) +
+                " is not supported (64 or 128)");
+  }
+  if (shape.cache_stride <= 0 || shape.cache_stride >= (int64_t{1} << 31) || shape.max_length < 0 ||
+      shape.max_length > shape.cache_stride) {
+    throw Error("ragged decode: max length " + std::to_string(shape.max_length) +
+                " must lie in [0, cache stride " + std::to_string(shape.cache_stride) +
+                "] (stride below 2^31)");
+  }
+}
+
+bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+template <int kHeadDim>
+void configure_kernel() {
+  static const bool configured = [] {
+    check(cudaFuncSetAttribute(ragged_decode_kernel<kHeadDim>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               RaggedTile<kHeadDim>::kSharedBytes),
+          "cudaFuncSetAttribute(ragged_decode_kernel)");
+    return true;
+  }();
+  (void)configured;
+}
+
+template <int kHeadDim>
+int blocks_per_multiprocessor() {
+  static const int blocks = [] {
+    configure_kernel<kHeadDim>();
+    int count = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, ragged_decode_kernel<kHeadDim>, 32,
+                                                        RaggedTile<kHeadDim>::kSharedBytes),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    return std::max(1, count);
+  }();
+  return blocks;
+}
+
+int64_t row_blocks(const RaggedShape& shape) {
+  const int64_t rows = shape.per_query_head ? 1 : shape.q_heads / shape.kv_heads;
+  return (rows + kRows - 1) / kRows;
+}
+
+template <int kHeadDim>
+void launch_decode(const RaggedParams& params, int64_t caches, int64_t blocks_x,
+                   cudaStream_t stream) {
+  configure_kernel<kHeadDim>();
+  const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(caches), params.splits);
+  ragged_decode_kernel<kHeadDim><<<grid, 32, RaggedTile<kHeadDim>::kSharedBytes, stream>>>(params);
+  check_launch("ragged_decode_kernel");
+}
+
+}  // namespace
+
+int64_t ragged_cache_count(const RaggedShape& shape) {
+  return shape.per_query_head ? shape.q_heads : shape.kv_heads;
+}
+
+void ragged_append(const bf16* k, const bf16* v, const RaggedShape& shape, bf16* key_cache,
+                   bf16* value_cache, int32_t* lengths, cudaStream_t stream) {
+  check_shape(shape, false);
+  if (k == nullptr || v == nullptr || key_cache == nullptr || value_cache == nullptr ||
+      lengths == nullptr) {
+    throw Error("ragged append: null pointer");
+  }
+  const int64_t caches = ragged_cache_count(shape);
+  ragged_append_kernel<<<static_cast<unsigned>(caches), 128, 0, stream>>>(
+      k, v, static_cast<int>(shape.head_dim), shape.cache_stride,
+      static_cast<int>(shape.q_heads / shape.kv_heads), shape.per_query_head, key_cache,
+      value_cache, lengths);
+  check_launch("ragged_append_kernel");
+}
+
+int ragged_decode_splits(const RaggedShape& shape, int requested) {
+  check_shape(shape, true);
+  const int64_t key_blocks = std::max<int64_t>(1, (shape.max_length + kBlockN - 1) / kBlockN);
+  int64_t splits = requested;
+  if (splits <= 0) {
+    // As many splits as fill every multiprocessor once (a partial second wave costs as much as a
+    // full one), each split keeping at least two key tiles of the longest cache.
+    const int per_multiprocessor = device_count() == 0    ? 1
+                                   : shape.head_dim == 64 ? blocks_per_multiprocessor<64>()
+                                                          : blocks_per_multiprocessor<128>();
+    static const int multiprocessors = device_count() > 0 ? multiprocessor_count() : 1;
+    const int64_t base = std::max<int64_t>(1, ragged_cache_count(shape) * row_blocks(shape));
+    splits =
+        std::max<int64_t>(1, static_cast<int64_t>(per_multiprocessor) * multiprocessors / base);
+    splits = std::min<int64_t>(splits, std::max<int64_t>(1, key_blocks / 2));
+  }
+  // At most one split per key tile, and few enough for the merge's weights to sit in shared memory.
+  return static_cast<int>(std::clamp<int64_t>(splits, 1, std::min<int64_t>(key_blocks, 4096)));
+}
+
+size_t ragged_decode_workspace_floats(const RaggedShape& shape, int splits) {
+  if (splits <= 1) return 0;
+  return static_cast<size_t>(splits) * shape.q_heads * (shape.head_dim + 1);
+}
+
+void ragged_decode(const bf16* q, const bf16* key_cache, const bf16* value_cache,
+                   const int32_t* lengths, const RaggedShape& shape, bf16* out, float* workspace,
+                   size_t workspace_floats, cudaStream_t stream, int splits) {
+  check_shape(shape, true);
+  if (q == nullptr || key_cache == nullptr || value_cache == nullptr || lengths == nullptr ||
+      out == nullptr) {
+    throw Error("ragged decode: null pointer");
+  }
+  if (!aligned16(q) || !aligned16(key_cache) || !aligned16(value_cache) || !aligned16(out)) {
+    throw Error("ragged decode: queries, caches and output must start on 16-byte boundaries");
+  }
+  RaggedParams params;
+  params.q = q;
+  params.k = key_cache;
+  params.v = value_cache;
+  params.out = out;
+  params.lengths = lengths;
+  params.cache_stride = shape.cache_stride;
+  params.q_heads = static_cast<int>(shape.q_heads);
+  params.group = static_cast<int>(shape.q_heads / shape.kv_heads);
+  params.per_query_head = shape.per_query_head;
+  params.rows = shape.per_query_head ? 1 : params.group;
+  const float scale =
+      shape.scale != 0.0f ? shape.scale : 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  params.scale_log2 = scale * 1.4426950408889634f;
+  splits = ragged_decode_splits(shape, splits);
+  if (splits > 1) {
+    const size_t needed = ragged_decode_workspace_floats(shape, splits);
+    if (workspace == nullptr || workspace_floats < needed) {
+      throw Error("ragged decode: " + std::to_string(splits) + " splits need a workspace of " +
+                  std::to_string(needed) + " floats, got " + std::to_string(workspace_floats));
+    }
+    params.splits = splits;
+    params.partial_out = workspace;
+    params.partial_lse = workspace + static_cast<size_t>(splits) * shape.q_heads * shape.head_dim;
+  }
+  const int64_t caches = ragged_cache_count(shape);
+  if (shape.head_dim == 128) {
+    launch_decode<128>(params, caches, row_blocks(shape), stream);
+  } else {
+    launch_decode<64>(params, caches, row_blocks(shape), stream);
+  }
+  if (splits > 1) {
+    ragged_merge_kernel<<<static_cast<unsigned>(shape.q_heads),
+                          static_cast<unsigned>(shape.head_dim), sizeof(float) * splits, stream>>>(
+        params.partial_out, params.partial_lse, splits, params.q_heads,
+        static_cast<int>(shape.head_dim), out);
+    check_launch("ragged_merge_kernel");
+  }
+}
+
+}  // namespace entropyinfer::cuda

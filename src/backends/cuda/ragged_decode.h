@@ -1,0 +1,62 @@
+// Decode attention over compressed KV caches whose heads hold different numbers of entries (AdaKV
+// gives each head its own count; every method's appended tokens follow), the CUDA counterpart of
+// cpu::compressed_decode_attention.
+//
+// Layout: `caches` per-head caches, caches = kv_heads, or q_heads when per_query_head (the released
+// layout: each query head its own copy). Cache c is a [cache_stride][head_dim] bf16 slab of keys
+// (and one of values) at c * cache_stride * head_dim, its first lengths[c] rows filled. lengths is
+// a device array the kernels read when they run, so one captured CUDA graph serves every step.
+//
+// Decoding is split-KV like flash_decode: one warp per (cache, split, 16 query rows) streams 32-key
+// tiles four stages deep with cp.async and mma.sync; each split covers an equal share of its own
+// cache's length, writes fp32 partial outputs and their log-sum-exp, and a second kernel merges the
+// splits. Softmax in fp32, P rounded to bf16 for P*V, output bf16.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/cuda_common.h"
+
+namespace entropyinfer::cuda {
+
+struct RaggedShape {
+  int64_t q_heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;  // 64 or 128
+  int64_t cache_stride = 0;
+  // An upper bound of every lengths[c] while the launch (or the captured graph) is used: it sizes
+  // the splits. At most cache_stride.
+  int64_t max_length = 0;
+  bool per_query_head = false;
+  float scale = 0.0f;  // 0 means 1 / sqrt(head_dim)
+};
+
+// Number of per-head caches: q_heads when per_query_head, else kv_heads.
+int64_t ragged_cache_count(const RaggedShape& shape);
+
+// Appends one token's key and value (k, v: [kv_heads][head_dim] bf16 rows, e.g. the K and V parts
+// of the fused qkv row) at row lengths[c] of every cache c and increments lengths[c]; with
+// per_query_head the g caches of a KV head each get a copy. Reads lengths when it runs (CUDA-graph
+// capturable). The caller guarantees lengths[c] < cache_stride: a full cache is left unchanged
+// (its length too) rather than written past its end.
+void ragged_append(const bf16* k, const bf16* v, const RaggedShape& shape, bf16* key_cache,
+                   bf16* value_cache, int32_t* lengths, cudaStream_t stream);
+
+// Splits for ragged_decode: `requested` when positive (clamped to [1, key tiles of max_length]),
+// else a count that fills the GPU once.
+int ragged_decode_splits(const RaggedShape& shape, int requested = 0);
+
+// Floats of workspace ragged_decode needs for `splits` (0 for one split).
+size_t ragged_decode_workspace_floats(const RaggedShape& shape, int splits);
+
+// One new token's queries (q: [q_heads][head_dim] bf16, 16-byte aligned) over the per-head caches:
+// query head h attends to every row of cache h (per_query_head) or h / (q_heads / kv_heads). The
+// new token's own key and value must already be appended. out: [q_heads][head_dim] bf16; a head
+// whose cache is empty gets zeros. Lengths above cache_stride are read as cache_stride. Throws
+// Error on unsupported shapes or a workspace smaller than ragged_decode_workspace_floats(shape,
+// ragged_decode_splits(shape, splits)).
+void ragged_decode(const bf16* q, const bf16* key_cache, const bf16* value_cache,
+                   const int32_t* lengths, const RaggedShape& shape, bf16* out, float* workspace,
+                   size_t workspace_floats, cudaStream_t stream, int splits = 0);
+
+}  // namespace entropyinfer::cuda
