@@ -5,15 +5,25 @@
 # write one log, JSON and markdown into $OUT (few files: the device run returns at most 8). Prints a short
 # table last.
 #   OUT            output folder (the device run sets it)
-#   GPU_ROUND      what to run: comma-separated subset of build,tests,attention,model (default: all)
+#   GPU_ROUND      what to run: comma-separated subset of
+#                  build,tests,attention,sparse,model,methods,bench (default: all)
 #   BENCH_LENGTHS  attention lengths (default 8192,32768,131072)
 #   MODEL_PREFILL  whole-model prompt lengths (default 16384,32768,65536,131072)
 #   MODEL_DECODE   whole-model decode contexts (default 32768,131072)
+#   METHOD_LENGTHS prompt lengths of the attention-method comparison (default 32768,65536,131072)
+#   METHODS        methods compared (default full,entropy+latent,critiprefill+snapkv)
+#   NEW_TOKENS     tokens generated after each prompt there (default 256)
+#   BENCH_LENGTHS_CLI  prompt lengths of `entropyinfer bench --device cuda` for dense attention
+#                  (default 16384,32768,65536,131072)
 set -uo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${OUT:?set OUT to the folder that receives logs and results}"
-steps=",${GPU_ROUND:-build,tests,attention,model},"
+steps=",${GPU_ROUND:-build,tests,attention,sparse,model,methods,bench},"
+method_lengths="${METHOD_LENGTHS:-32768,65536,131072}"
+methods="${METHODS:-full,entropy+latent,critiprefill+snapkv}"
+new_tokens="${NEW_TOKENS:-256}"
+cli_lengths="${BENCH_LENGTHS_CLI:-16384,32768,65536,131072}"
 lengths="${BENCH_LENGTHS:-8192,32768,131072}"
 model_prefill="${MODEL_PREFILL:-16384,32768,65536,131072}"
 model_decode="${MODEL_DECODE:-32768,131072}"
@@ -53,7 +63,7 @@ if [[ "${steps}" == *",build,"* ]]; then
   { cmake -S "${repo_root}" -B "${build}" -G Ninja -DCMAKE_BUILD_TYPE=Release -DENTROPYINFER_CUDA=ON \
       -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" \
       -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="${deps}/usr" &&
-    ninja -C "${build}" -j"${jobs}" entropyinfer_gpu_tests entropyinfer_gpu_bench; } >> "${log}" 2>&1 ||
+    ninja -C "${build}" -j"${jobs}" entropyinfer_gpu_tests entropyinfer_gpu_bench entropyinfer; } >> "${log}" 2>&1 ||
     { step_failed "build"; grep -E "error|Error" "${log}" | head -30; }
   summary+=("build: $(( $(date +%s) - start )) s")
 fi
@@ -119,8 +129,43 @@ if [[ "${steps}" == *",model,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
   fi
 fi
 
+if [[ "${steps}" == *",sparse,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
+  section sparse
+  # The block-sparse kernel alone at the method's typical work (every head at the base budget).
+  timeout -k 10 300 "${build}/entropyinfer_gpu_bench" sparse-attention --lengths "${method_lengths}" \
+    --json "${out}/sparse-attention.json" 2>&1 | tee -a "${log}" || step_failed "sparse attention benchmark"
+fi
+
+if [[ "${steps}" == *",methods,"* && -x "${build}/entropyinfer" ]]; then
+  section methods
+  timeout -k 10 420 "${build}/entropyinfer" bench --device cuda --random-model llama-3.1-8b \
+    -p "${method_lengths}" -n "${new_tokens}" -r 1 --methods "${methods}" \
+    --json "${out}/methods-ours.json" 2>&1 | tee -a "${log}" || step_failed "methods benchmark"
+  timeout -k 10 420 python3 "${repo_root}/bench/gpu/hf_reference.py" --prefill "${method_lengths}" \
+    --decode-contexts "" --e2e "${method_lengths}" --new-tokens "${new_tokens}" \
+    --json "${out}/methods-hf.json" 2>&1 | tee -a "${log}" || step_failed "transformers reference (methods)"
+  if [[ -f "${out}/methods-ours.json" ]]; then
+    hf_args=()
+    [[ -f "${out}/methods-hf.json" ]] && hf_args=(--hf "${out}/methods-hf.json")
+    python3 "${repo_root}/bench/gpu/methods_report.py" --ours "${out}/methods-ours.json" "${hf_args[@]}" \
+      --markdown "${out}/methods.md" --json "${out}/methods.json" > /dev/null &&
+      rm -f "${out}/methods-ours.json" "${out}/methods-hf.json"  # merged into methods.json
+  fi
+fi
+
+if [[ "${steps}" == *",bench,"* && -x "${build}/entropyinfer" ]]; then
+  section bench
+  # llama-bench-style: dense attention chunk by chunk and layer by layer.
+  timeout -k 10 300 "${build}/entropyinfer" bench --device cuda --random-model llama-3.1-8b \
+    -p "${cli_lengths}" -n 32 -r 1 --methods full,full@layer \
+    --json "${out}/bench.json" --markdown "${out}/bench.md" 2>&1 | tee -a "${log}" ||
+    step_failed "entropyinfer bench --device cuda"
+fi
+
 echo
 printf '%s\n' "${summary[@]}" | tee -a "${log}"
 [[ -f "${out}/attention.md" ]] && cat "${out}/attention.md"
 [[ -f "${out}/model.md" ]] && cat "${out}/model.md"
+[[ -f "${out}/methods.md" ]] && cat "${out}/methods.md"
+[[ -f "${out}/bench.md" ]] && cat "${out}/bench.md"
 exit "${status}"

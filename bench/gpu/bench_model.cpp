@@ -12,34 +12,10 @@
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/cuda_transformer.h"
 #include "bench_common.h"
+#include "model/random_model.h"
 
 namespace entropyinfer::bench {
 namespace {
-
-ModelConfig shape_config(const std::string& name) {
-  ModelConfig config;
-  if (name != "llama-3.1-8b")
-    throw std::runtime_error("unknown model shape '" + name + "' (known: llama-3.1-8b)");
-  config.architecture = "LlamaForCausalLM";
-  config.hidden_size = 4096;
-  config.intermediate_size = 14336;
-  config.num_layers = 32;
-  config.num_heads = 32;
-  config.num_kv_heads = 8;
-  config.head_dim = 128;
-  config.vocab_size = 128256;
-  config.max_position_embeddings = 131072;
-  config.rms_norm_eps = 1e-5f;
-  config.rope.theta = 500000.0;
-  config.rope.scaling = RopeScaling::kLlama3;
-  config.rope.factor = 8.0;
-  config.rope.low_freq_factor = 1.0;
-  config.rope.high_freq_factor = 4.0;
-  config.rope.original_max_position_embeddings = 8192;
-  config.rope.rotary_dim = 128;
-  config.torch_dtype = "bfloat16";
-  return config;
-}
 
 std::vector<int32_t> prompt(int64_t length, int vocab, uint32_t seed) {
   std::vector<int32_t> tokens(static_cast<size_t>(length));
@@ -87,7 +63,7 @@ int run_model_bench(int argc, char** argv) {
       throw std::runtime_error("unknown flag " + flag);
     }
   }
-  const ModelConfig config = shape_config(shape);
+  const ModelConfig config = random_model_config(shape);
   nlohmann::json report;
   report["device"] = device_name();
   report["shape"] = shape;

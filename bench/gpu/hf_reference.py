@@ -2,7 +2,8 @@
 """transformers (SDPA attention) on the same Llama-3.1-8B-shaped random-weight model the CUDA engine's
 model benchmark runs, bf16, batch 1: prefill seconds per prompt length (one forward over the prompt with
 a KV cache, keeping only the last token's logits, as generation does) and decode ms/token at given
-contexts (greedy steps over the cache filled by a prefill), plus peak GPU memory."""
+contexts (greedy steps over the cache filled by a prefill), end to end (model.generate over a prompt
+plus a number of greedy tokens, as a user runs it), plus peak GPU memory."""
 import argparse
 import json
 import sys
@@ -43,6 +44,8 @@ def main():
     parser.add_argument("--prefill", default="16384,32768,65536,131072")
     parser.add_argument("--decode-contexts", default="32768,131072")
     parser.add_argument("--decode-tokens", type=int, default=16)
+    parser.add_argument("--e2e", default="", help="prompt lengths for end-to-end generate() timings")
+    parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -89,6 +92,22 @@ def main():
             report["decode"].append({"context": context, "tokens": args.decode_tokens, "median_ms_per_token": median_ms})
             print(f"decode at {context}: {median_ms:.1f} ms/token", flush=True)
             del out, cache
+        for length in [int(x) for x in args.e2e.split(",") if x]:
+            ids = prompt(length, 2)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            generated = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                       max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                                       do_sample=False, pad_token_id=0, eos_token_id=None)
+            generated[0, -1].item()
+            seconds = time.perf_counter() - start
+            report.setdefault("e2e", []).append({"prompt_tokens": length, "new_tokens": int(generated.shape[1] - length),
+                                                 "seconds": seconds,
+                                                 "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated()})
+            print(f"e2e {length} + {generated.shape[1] - length}: {seconds:.2f} s", flush=True)
+            del generated
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

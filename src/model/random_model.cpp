@@ -45,7 +45,31 @@ ModelConfig random_model_config(const std::string& name) {
     config.torch_dtype = "float32";
     return config;
   }
-  throw Error("unknown random model shape '" + name + "' (known: llama-100m, heads-32x8x128)");
+  if (name == "llama-3.1-8b") {
+    // Llama-3.1-8B's shape (untied classifier, Llama 3 RoPE scaling): the GPU benchmarks' model.
+    config.architecture = "LlamaForCausalLM";
+    config.hidden_size = 4096;
+    config.intermediate_size = 14336;
+    config.num_layers = 32;
+    config.num_heads = 32;
+    config.num_kv_heads = 8;
+    config.head_dim = 128;
+    config.vocab_size = 128256;
+    config.max_position_embeddings = 131072;
+    config.tied_embeddings = false;
+    config.rms_norm_eps = 1e-5f;
+    config.rope.theta = 500000.0;
+    config.rope.scaling = RopeScaling::kLlama3;
+    config.rope.factor = 8.0;
+    config.rope.low_freq_factor = 1.0;
+    config.rope.high_freq_factor = 4.0;
+    config.rope.original_max_position_embeddings = 8192;
+    config.rope.rotary_dim = 128;
+    config.torch_dtype = "bfloat16";
+    return config;
+  }
+  throw Error("unknown random model shape '" + name +
+              "' (known: llama-100m, heads-32x8x128, llama-3.1-8b)");
 }
 
 ModelWeights make_random_model(const ModelConfig& config, uint64_t seed) {

@@ -10,8 +10,9 @@
 namespace entropyinfer {
 
 // Named shapes: "llama-100m" (hidden 768, 12 layers, 12/4 heads, MLP 2048, vocab 32000, tied; about
-// 100M parameters), "heads-32x8x128" (Llama-3-8B's attention layout on 2 narrow layers). Throws
-// Error for an unknown name.
+// 100M parameters), "heads-32x8x128" (Llama-3-8B's attention layout on 2 narrow layers),
+// "llama-3.1-8b" (the whole 8B shape; 32 GB as fp32 on the host, so the CUDA backend draws its
+// weights on the GPU instead). Throws Error for an unknown name.
 ModelConfig random_model_config(const std::string& name);
 
 // Weights drawn uniformly from [-scale, scale] with scale 1/sqrt(fan_in); norms at 1.

@@ -14,6 +14,8 @@
 #include <random>
 #include <sstream>
 
+#include "apps/entropyinfer/attention_options.h"
+#include "apps/entropyinfer/bench_cuda.h"
 #include "apps/entropyinfer/cli_common.h"
 #include "apps/entropyinfer/commands.h"
 #include "core/error.h"
@@ -32,7 +34,43 @@ struct BenchArgs {
   int decode_tokens = 32;
   int repetitions = 3;
   std::string json_path;
+  // --device cuda only:
+  std::string device = "cpu";
+  std::vector<std::string> methods = {"full"};
+  std::string markdown_path;
+  int chunk_tokens = 16384;
+  AttentionOptions attention;
 };
+
+// The flags as given, for the results' record.
+std::string describe_command(const BenchArgs& args) {
+  std::ostringstream text;
+  text << "entropyinfer bench --device " << args.device;
+  if (!args.model.empty()) text << " --model " << args.model;
+  if (!args.random_model.empty()) text << " --random-model " << args.random_model;
+  text << " -p ";
+  for (size_t i = 0; i < args.prompt_tokens.size(); ++i)
+    text << (i ? "," : "") << args.prompt_tokens[i];
+  text << " -n " << args.decode_tokens << " -r " << args.repetitions << " --methods ";
+  for (size_t i = 0; i < args.methods.size(); ++i) text << (i ? "," : "") << args.methods[i];
+  return text.str();
+}
+
+void run_bench_on_cuda(const BenchArgs& args) {
+  CudaBenchArgs cuda_args;
+  cuda_args.model = args.model;
+  cuda_args.random_model = args.random_model;
+  cuda_args.prompt_tokens = args.prompt_tokens;
+  cuda_args.decode_tokens = args.decode_tokens;
+  cuda_args.repetitions = args.repetitions;
+  cuda_args.chunk_tokens = args.chunk_tokens;
+  cuda_args.methods = args.methods;
+  cuda_args.base = args.attention.resolve();
+  cuda_args.json_path = args.json_path;
+  cuda_args.markdown_path = args.markdown_path;
+  cuda_args.command_line = describe_command(args);
+  run_cuda_bench(cuda_args);
+}
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -81,6 +119,16 @@ double weight_bytes_per_token(const ModelWeights& weights) {
 }
 
 void run_bench(const BenchArgs& args) {
+  if (args.device == "cuda") {
+    run_bench_on_cuda(args);
+    return;
+  }
+  if (args.device != "cpu") throw Error("--device must be cpu or cuda, not '" + args.device + "'");
+  if (args.methods.size() != 1 || args.methods[0] != "full") {
+    throw Error(
+        "--methods: the CPU bench measures full attention (bench-work measures the policies' "
+        "work)");
+  }
   if (args.model.empty() == args.random_model.empty()) {
     throw Error("give exactly one of --model or --random-model");
   }
@@ -191,6 +239,17 @@ void register_bench(CLI::App& app) {
       ->add_option("-r,--repetitions", args->repetitions, "Timed repetitions (median is reported)")
       ->capture_default_str();
   command->add_option("--json", args->json_path, "Also write the results as JSON to this file");
+  command->add_option("--device", args->device, "cpu or cuda")->capture_default_str();
+  command
+      ->add_option("--methods", args->methods,
+                   "cuda: attention methods, prefill[+decode] each, e.g. "
+                   "full,entropy+latent,critiprefill+snapkv")
+      ->delimiter(',');
+  command->add_option("--markdown", args->markdown_path,
+                      "cuda: also write the table (with date, GPU and command) to this file");
+  command->add_option("--chunk", args->chunk_tokens, "cuda: prompt tokens per matrix-product pass")
+      ->capture_default_str();
+  args->attention.add_to(command);
   command->callback([args] { run_bench(*args); });
 }
 

@@ -1,3 +1,5 @@
+#include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "backends/cuda/cuda_common.h"
@@ -51,10 +53,31 @@ int multiprocessor_count() {
   return count;
 }
 
+namespace {
+std::atomic<size_t> allocated_bytes{0};
+std::atomic<size_t> peak_bytes{0};
+}  // namespace
+
+size_t allocated_device_bytes() { return allocated_bytes.load(); }
+size_t peak_allocated_device_bytes() { return peak_bytes.load(); }
+void reset_peak_allocated_device_bytes() { peak_bytes.store(allocated_bytes.load()); }
+
+void device_free(void* pointer, size_t bytes) noexcept {
+  if (pointer == nullptr) return;
+  cudaFree(pointer);
+  allocated_bytes.fetch_sub(bytes);
+}
+
 void* device_allocate(size_t bytes) {
   void* pointer = nullptr;
   const cudaError_t status = cudaMalloc(&pointer, bytes);
-  if (status == cudaSuccess) return pointer;
+  if (status == cudaSuccess) {
+    const size_t now = allocated_bytes.fetch_add(bytes) + bytes;
+    size_t peak = peak_bytes.load();
+    while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
+    }
+    return pointer;
+  }
   cudaGetLastError();
   size_t free_bytes = 0, total_bytes = 0;
   cudaMemGetInfo(&free_bytes, &total_bytes);

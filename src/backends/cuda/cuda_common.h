@@ -35,6 +35,14 @@ int compute_capability();
 // Number of multiprocessors of the current device.
 int multiprocessor_count();
 
+// Throws Error naming the bytes asked for and the bytes free. Every allocation of the engine goes
+// through here (DeviceBuffer does), so that its current and peak GPU memory can be reported.
+void* device_allocate(size_t bytes);
+void device_free(void* pointer, size_t bytes) noexcept;
+size_t allocated_device_bytes();
+size_t peak_allocated_device_bytes();
+void reset_peak_allocated_device_bytes();  // the peak restarts from what is allocated now
+
 // Device memory of `count` elements of T, freed on destruction. Allocation failures throw Error
 // naming the size asked for and what is free.
 template <typename T>
@@ -58,7 +66,7 @@ class DeviceBuffer {
 
   void allocate(size_t count);
   void release() noexcept {
-    if (data_ != nullptr) cudaFree(data_);
+    if (data_ != nullptr) device_free(data_, count_ * sizeof(T));
     data_ = nullptr;
     count_ = 0;
   }
@@ -80,9 +88,6 @@ class DeviceBuffer {
   T* data_ = nullptr;
   size_t count_ = 0;
 };
-
-// Throws Error naming the bytes asked for and the bytes free.
-void* device_allocate(size_t bytes);
 
 template <typename T>
 void DeviceBuffer<T>::allocate(size_t count) {

@@ -1,11 +1,18 @@
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <sstream>
 
+#include "attention/decode_policy.h"
+#include "attention/entropy_prefill.h"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/cuda_transformer.h"
+#include "backends/cuda/decode_compression.h"
+#include "backends/cuda/device_plans.h"
 #include "backends/cuda/flash_attention.h"
+#include "backends/cuda/prefill_estimate.h"
+#include "backends/cuda/ragged_decode.h"
 #include "core/error.h"
 #include "engine/rope.h"
 
@@ -68,6 +75,56 @@ void validate(const ModelConfig& c, int context) {
   }
 }
 
+bool sparse_prefill(const AttentionConfig& attention) {
+  return attention.prefill != PrefillMethod::kFull;
+}
+
+BudgetRule budget_rule(PrefillMethod method) {
+  return method == PrefillMethod::kEntropy ? BudgetRule::kEntropy : BudgetRule::kFixed;
+}
+
+// Prompt rows per pass in the layer-major path: a multiple of the key block, so that the block
+// extrema of every pass but the last cover whole blocks.
+int64_t layer_major_chunk(int64_t chunk, int block_size) {
+  return std::max<int64_t>(block_size, chunk / block_size * block_size);
+}
+
+// Sums the GPU time between pairs of events recorded on a stream, read once the work is done.
+class EventTimer {
+ public:
+  ~EventTimer() { clear(); }
+  void start(cudaStream_t stream) {
+    cudaEvent_t begin = nullptr, end = nullptr;
+    check(cudaEventCreate(&begin), "cudaEventCreate");
+    check(cudaEventCreate(&end), "cudaEventCreate");
+    check(cudaEventRecord(begin, stream), "cudaEventRecord");
+    pairs_.push_back({begin, end});
+  }
+  void stop(cudaStream_t stream) {
+    check(cudaEventRecord(pairs_.back().second, stream), "cudaEventRecord");
+  }
+  double total_ms() {
+    double total = 0;
+    for (auto [begin, end] : pairs_) {
+      float ms = 0;
+      check(cudaEventSynchronize(end), "cudaEventSynchronize");
+      check(cudaEventElapsedTime(&ms, begin, end), "cudaEventElapsedTime");
+      total += ms;
+    }
+    return total;
+  }
+  void clear() {
+    for (auto [begin, end] : pairs_) {
+      cudaEventDestroy(begin);
+      cudaEventDestroy(end);
+    }
+    pairs_.clear();
+  }
+
+ private:
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pairs_;
+};
+
 }  // namespace
 
 std::string GpuMemoryPlan::describe() const {
@@ -104,6 +161,24 @@ GpuMemoryPlan CudaTransformer::plan(const ModelConfig& config, const CudaModelOp
   decode.cache_stride = context;
   plan.activations +=
       sizeof(float) * flash_decode_workspace_floats(decode, flash_decode_splits(decode));
+  const AttentionConfig& attention = options.attention;
+  if (sparse_prefill(attention) || options.layer_major_prefill) {
+    // The whole prompt's residual stream, queries and attention output.
+    plan.activations +=
+        static_cast<size_t>(context) * (sizeof(float) * w.hidden + 2 * sizeof(bf16) * w.q);
+  }
+  if (sparse_prefill(attention)) {
+    plan.activations += PrefillEstimator::device_bytes(
+        config.num_heads, config.num_kv_heads, config.head_dim, context, attention.prefill_params);
+  }
+  if (attention.decode != DecodeMethod::kFull) {
+    const int window = attention.decode_params.window;
+    plan.activations +=
+        sizeof(bf16) * static_cast<size_t>(config.num_layers + 1) * window * w.q;  // window rings
+    plan.activations += DecodeCompressor::device_bytes(attention.decode, attention.decode_params,
+                                                       config.num_heads, config.num_kv_heads,
+                                                       config.head_dim, config.num_layers, context);
+  }
   return plan;
 }
 
@@ -141,15 +216,42 @@ struct CudaTransformer::State {
   struct Layer {
     DeviceBuffer<bf16> qkv, o, gate_up, down;
     DeviceBuffer<float> attn_norm, mlp_norm, qkv_bias, o_bias, q_norm, k_norm;
-    DeviceBuffer<bf16> keys, values;  // [kv_heads][context][head_dim]
+    DeviceBuffer<bf16> keys, values;  // [cache heads][cache_stride][head_dim]
+    // After compression: per-head caches of lengths[head] rows (read and advanced on the GPU).
+    bool compressed = false;
+    bool per_query_head = false;  // cache heads are query heads (the released layout)
+    int cache_heads = 0;
+    int64_t cache_stride = 0;
+    int decode_splits = 1;
+    DeviceBuffer<int32_t> lengths;
   };
+
+  // Attention policies.
+  AttentionConfig attention;
+  bool layer_major = false;
+  std::unique_ptr<PrefillEstimator> estimator;   // sparse prefill methods
+  std::unique_ptr<DecodeCompressor> compressor;  // compressing decode methods
+  int compress_after = 0;                        // generated tokens before compressing
+  bool keeps_window = false;                     // the compressor reads the observation window
+  int window = 0;
+  int window_count = 0;  // queries the rings hold (the last min(window, tokens seen))
+  bool prefilled = false;
+  bool compressed = false;
+  int tokens_since_prefill = 0;
+  DeviceBuffer<float> prompt_hidden;              // layer-major: [context][hidden]
+  DeviceBuffer<bf16> prompt_q, prompt_attention;  // layer-major: [context][q width]
+  DeviceBuffer<bf16> window_rings;                // [layers][window][q width], slot p % window
+  DeviceBuffer<bf16> window_oldest_first;         // [window][q width]
+  DeviceBuffer<unsigned long long> key_counters;  // keys read, keys dense (device)
+  DeviceBuffer<float> ragged_workspace;
+  CudaAttentionWork work;
   std::vector<Layer> layers;
   DeviceBuffer<bf16> embedding, lm_head;  // lm_head empty when tied
   DeviceBuffer<float> final_norm;
 
   DeviceBuffer<float> rope_cos, rope_sin;  // [context][half_rotary], unless dynamic
   DeviceBuffer<float> hidden, logits, decode_workspace;
-  DeviceBuffer<bf16> normed, qkv, attention, gate_up, activation;
+  DeviceBuffer<bf16> normed, qkv, attn_out, gate_up, activation;
   DeviceBuffer<int32_t> ids, best;
 
   const bf16* head() const { return config.tied_embeddings ? embedding.data() : lm_head.data(); }
@@ -158,6 +260,7 @@ struct CudaTransformer::State {
     config = c;
     context = resolve_context(c, options.context_length);
     validate(c, context);
+    options.attention.validate();
     w = widths_of(c);
     chunk = std::max(1, std::min(options.chunk_tokens, context));
     plan = CudaTransformer::plan(c, options);
@@ -199,7 +302,7 @@ struct CudaTransformer::State {
     hidden.allocate(static_cast<size_t>(chunk * w.hidden));
     normed.allocate(static_cast<size_t>(chunk * w.hidden));
     qkv.allocate(static_cast<size_t>(chunk * w.qkv));
-    attention.allocate(static_cast<size_t>(chunk * w.q));
+    attn_out.allocate(static_cast<size_t>(chunk * w.q));
     gate_up.allocate(static_cast<size_t>(chunk * 2 * w.intermediate));
     activation.allocate(static_cast<size_t>(chunk * w.intermediate));
     logits.allocate(static_cast<size_t>(w.vocab));
@@ -210,7 +313,64 @@ struct CudaTransformer::State {
     decode_workspace.allocate(
         std::max<size_t>(1, flash_decode_workspace_floats(decode, decode_splits)));
     device_position.allocate(1);
+    key_counters.allocate(2);
+    for (Layer& layer : layers) full_cache_shape(layer);
+    configure_attention(options);
+    this->options = options;
   }
+
+  void full_cache_shape(Layer& layer) {
+    layer.compressed = false;
+    layer.per_query_head = false;
+    layer.cache_heads = config.num_kv_heads;
+    layer.cache_stride = context;
+    layer.lengths.release();
+  }
+
+  // Builds the GPU policies of options.attention and their buffers.
+  void configure_attention(const CudaModelOptions& options) {
+    reset();
+    attention = options.attention;
+    attention.validate();
+    layer_major = sparse_prefill(attention) || options.layer_major_prefill;
+    decode_room = options.decode_room;
+    if (decode_room < 1) throw Error("decode_room must be at least 1 token");
+    estimator.reset();
+    compressor.reset();
+    prompt_hidden.release();
+    prompt_q.release();
+    prompt_attention.release();
+    window_rings.release();
+    window_oldest_first.release();
+    if (layer_major) {
+      prompt_hidden.allocate(static_cast<size_t>(context) * w.hidden);
+      prompt_q.allocate(static_cast<size_t>(context) * w.q);
+      prompt_attention.allocate(static_cast<size_t>(context) * w.q);
+    }
+    if (sparse_prefill(attention)) {
+      estimator = std::make_unique<PrefillEstimator>(
+          config.num_heads, config.num_kv_heads, config.head_dim, context, attention.prefill_params,
+          budget_rule(attention.prefill));
+    }
+    window = 0;
+    keeps_window = false;
+    compress_after = 0;
+    if (attention.decode != DecodeMethod::kFull) {
+      const std::unique_ptr<DecodePolicy> policy = make_decode_policy(attention);
+      compress_after = policy->compress_after_generated();
+      keeps_window = policy->needs_window_queries();
+      window = attention.decode_params.window;
+      compressor = std::make_unique<DecodeCompressor>(attention.decode, attention.decode_params,
+                                                      config.num_heads, config.num_kv_heads,
+                                                      config.head_dim, config.num_layers, context);
+      if (keeps_window) {
+        window_rings.allocate(static_cast<size_t>(config.num_layers) * window * w.q);
+        window_oldest_first.allocate(static_cast<size_t>(window) * w.q);
+      }
+    }
+  }
+  int decode_room = 4096;
+  CudaModelOptions options;
 
   FlashShape decode_shape(int first_position) const {
     FlashShape shape;
@@ -220,7 +380,6 @@ struct CudaTransformer::State {
     shape.head_dim = config.head_dim;
     shape.first_position = first_position;
     shape.cache_stride = context;
-    shape.q_token_stride = w.qkv;
     return shape;
   }
 
@@ -336,65 +495,117 @@ struct CudaTransformer::State {
     }
   }
 
-  // One layer over the m tokens whose residual rows are in `hidden`, at positions first.. (or, with
+  // The first half of a layer over the m tokens whose residual rows are at `rows`: RMSNorm, the
+  // fused q/k/v product (into `qkv`), bias, q/k norm and RoPE. Positions first.. (or, with
   // device_position, one token at the position stored there; cos/sin are then the whole tables).
-  void enqueue_layer(Layer& layer, int64_t m, int64_t first, const float* cos, const float* sin,
-                     const int* device_position_pointer) {
+  void enqueue_qkv(Layer& layer, const float* rows, int64_t m, const float* cos, const float* sin,
+                   const int* device_position_pointer) {
     const ModelConfig& c = config;
-    rms_norm(hidden.data(), layer.attn_norm.data(), m, w.hidden, c.rms_norm_eps, normed.data(),
-             stream);
+    rms_norm(rows, layer.attn_norm.data(), m, w.hidden, c.rms_norm_eps, normed.data(), stream);
     blas.linear(normed.data(), m, w.hidden, layer.qkv.data(), w.qkv, qkv.data());
     if (c.qkv_bias) add_bias(qkv.data(), layer.qkv_bias.data(), m, w.qkv, w.qkv, stream);
     bf16* q = qkv.data();
     bf16* k = qkv.data() + w.q;
-    bf16* v = qkv.data() + w.q + w.kv;
     if (c.qk_norm) {
       head_rms_norm(q, m, c.num_heads, w.head_dim, w.qkv, layer.q_norm.data(), c.rms_norm_eps,
                     stream);
       head_rms_norm(k, m, c.num_kv_heads, w.head_dim, w.qkv, layer.k_norm.data(), c.rms_norm_eps,
                     stream);
     }
-    const int64_t rotary_dim = 2 * w.half_rotary;
-    apply_rope(q, m, c.num_heads, w.head_dim, w.qkv, cos, sin, rotary_dim,
+    // The key heads follow the query heads in each fused row: one launch rotates both.
+    apply_rope(q, m, c.num_heads + c.num_kv_heads, w.head_dim, w.qkv, cos, sin, 2 * w.half_rotary,
                c.rope.rotate_adjacent_pairs, stream, device_position_pointer);
-    apply_rope(k, m, c.num_kv_heads, w.head_dim, w.qkv, cos, sin, rotary_dim,
-               c.rope.rotate_adjacent_pairs, stream, device_position_pointer);
-    append_kv(k, v, m, w.qkv, c.num_kv_heads, w.head_dim, layer.keys.data(), layer.values.data(),
-              context, first, stream, device_position_pointer);
-    if (device_position_pointer != nullptr) {
-      FlashShape shape = decode_shape(context - 1);  // the largest position sizes the splits
-      shape.device_position = device_position_pointer;
-      flash_decode(q, layer.keys.data(), layer.values.data(), shape, attention.data(),
-                   decode_workspace.data(), decode_workspace.size(), stream, decode_splits);
-    } else {
-      FlashShape shape = decode_shape(static_cast<int>(first));
-      shape.tokens = m;
-      if (m == 1) {
-        flash_decode(q, layer.keys.data(), layer.values.data(), shape, attention.data(),
-                     decode_workspace.data(), decode_workspace.size(), stream);
-      } else {
-        flash_prefill(q, layer.keys.data(), layer.values.data(), shape, attention.data(), stream);
-      }
-    }
-    blas.linear(attention.data(), m, w.q, layer.o.data(), w.hidden, hidden.data(),
-                /*accumulate=*/true);
-    if (c.o_bias) add_bias(hidden.data(), layer.o_bias.data(), m, w.hidden, w.hidden, stream);
-    rms_norm(hidden.data(), layer.mlp_norm.data(), m, w.hidden, c.rms_norm_eps, normed.data(),
-             stream);
+  }
+
+  // The second half over m rows: output projection added to the residual rows, then the MLP.
+  void enqueue_mlp(Layer& layer, float* rows, const bf16* attention_rows, int64_t m) {
+    const ModelConfig& c = config;
+    blas.linear(attention_rows, m, w.q, layer.o.data(), w.hidden, rows, /*accumulate=*/true);
+    if (c.o_bias) add_bias(rows, layer.o_bias.data(), m, w.hidden, w.hidden, stream);
+    rms_norm(rows, layer.mlp_norm.data(), m, w.hidden, c.rms_norm_eps, normed.data(), stream);
     blas.linear(normed.data(), m, w.hidden, layer.gate_up.data(), 2 * w.intermediate,
                 gate_up.data());
     swiglu(gate_up.data(), gate_up.data() + w.intermediate, m, w.intermediate, 2 * w.intermediate,
            activation.data(), stream);
-    blas.linear(activation.data(), m, w.intermediate, layer.down.data(), w.hidden, hidden.data(),
-                true);
+    blas.linear(activation.data(), m, w.intermediate, layer.down.data(), w.hidden, rows, true);
+  }
+
+  RaggedShape ragged_shape(const Layer& layer) const {
+    RaggedShape shape;
+    shape.q_heads = config.num_heads;
+    shape.kv_heads = config.num_kv_heads;
+    shape.head_dim = config.head_dim;
+    shape.cache_stride = layer.cache_stride;
+    shape.max_length = layer.cache_stride;
+    shape.per_query_head = layer.per_query_head;
+    return shape;
+  }
+
+  // The observation window: queries of positions first .. first + m - 1 (rows q_stride apart) go
+  // to ring slots position % window; only the newest `window` of them can survive, so only those
+  // are copied.
+  void record_window(int layer_index, const bf16* q, int64_t q_stride, int64_t first, int64_t m) {
+    if (!keeps_window || compressed) return;
+    const int64_t skip = std::max<int64_t>(0, m - window);
+    bf16* ring = window_rings.data() + static_cast<size_t>(layer_index) * window * w.q;
+    for (int64_t row = skip; row < m;) {
+      const int64_t slot = (first + row) % window;
+      const int64_t run = std::min<int64_t>(m - row, window - slot);
+      check(cudaMemcpy2DAsync(ring + slot * w.q, sizeof(bf16) * w.q, q + row * q_stride,
+                              sizeof(bf16) * q_stride, sizeof(bf16) * w.q, run,
+                              cudaMemcpyDeviceToDevice, stream),
+            "window queries");
+      row += run;
+    }
+  }
+
+  // One layer over the m tokens whose residual rows are in `hidden`, chunk by chunk through the
+  // layers (or one decode step). Positions first.. or *device_position_pointer.
+  void enqueue_layer(int layer_index, int64_t m, int64_t first, const float* cos, const float* sin,
+                     const int* device_position_pointer) {
+    Layer& layer = layers[layer_index];
+    const ModelConfig& c = config;
+    enqueue_qkv(layer, hidden.data(), m, cos, sin, device_position_pointer);
+    bf16* q = qkv.data();
+    bf16* k = qkv.data() + w.q;
+    bf16* v = qkv.data() + w.q + w.kv;
+    if (device_position_pointer == nullptr) record_window(layer_index, q, w.qkv, first, m);
+    if (layer.compressed) {
+      // Single tokens only (run() feeds a compressed cache one token at a time).
+      const RaggedShape shape = ragged_shape(layer);
+      ragged_append(k, v, shape, layer.keys.data(), layer.values.data(), layer.lengths.data(),
+                    stream);
+      ragged_decode(q, layer.keys.data(), layer.values.data(), layer.lengths.data(), shape,
+                    attn_out.data(), ragged_workspace.data(), ragged_workspace.size(), stream,
+                    layer.decode_splits);
+    } else {
+      append_kv(k, v, m, w.qkv, c.num_kv_heads, w.head_dim, layer.keys.data(), layer.values.data(),
+                context, first, stream, device_position_pointer);
+      if (device_position_pointer != nullptr) {
+        FlashShape shape = decode_shape(context - 1);  // the largest position sizes the splits
+        shape.device_position = device_position_pointer;
+        flash_decode(q, layer.keys.data(), layer.values.data(), shape, attn_out.data(),
+                     decode_workspace.data(), decode_workspace.size(), stream, decode_splits);
+      } else {
+        FlashShape shape = decode_shape(static_cast<int>(first));
+        shape.tokens = m;
+        if (m == 1) {
+          flash_decode(q, layer.keys.data(), layer.values.data(), shape, attn_out.data(),
+                       decode_workspace.data(), decode_workspace.size(), stream);
+        } else {
+          flash_prefill(q, layer.keys.data(), layer.values.data(), shape, attn_out.data(), stream);
+        }
+      }
+    }
+    enqueue_mlp(layer, hidden.data(), attn_out.data(), m);
   }
 
   // The whole decode step of the token in ids[0] at *device_position: embedding, layers, logits and
   // their argmax (into `best`). Position-independent launches only, so it can be captured once.
   void enqueue_decode_step() {
     cuda::embedding(embedding.data(), ids.data(), 1, w.hidden, hidden.data(), stream);
-    for (Layer& layer : layers)
-      enqueue_layer(layer, 1, 0, rope_cos.data(), rope_sin.data(), device_position.data());
+    for (int index = 0; index < config.num_layers; ++index)
+      enqueue_layer(index, 1, 0, rope_cos.data(), rope_sin.data(), device_position.data());
     rms_norm(hidden.data(), final_norm.data(), 1, w.hidden, config.rms_norm_eps, normed.data(),
              stream);
     blas.linear(normed.data(), 1, w.hidden, head(), w.vocab, logits.data());
@@ -431,28 +642,20 @@ struct CudaTransformer::State {
       enqueue_decode_step();
       ++eager_decode_steps;
     }
-    position += 1;
   }
 
   bool graph_decodes(std::span<const int32_t> tokens, bool all_logits) const {
-    return tokens.size() == 1 && !all_logits && config.rope.scaling != RopeScaling::kDynamic;
+    // While the observation window is being filled, steps run eagerly: they copy their queries
+    // into the rings at positions only the host knows.
+    const bool filling_window = keeps_window && !compressed;
+    return tokens.size() == 1 && !all_logits && config.rope.scaling != RopeScaling::kDynamic &&
+           !filling_window;
   }
 
-  // Runs the tokens through the model; leaves the logits of the last token (or, with all_logits, of
-  // every token, copied into `all`) and returns the device pointer of the last token's logits.
-  const float* run(std::span<const int32_t> tokens, bool all_logits, std::vector<float>* all) {
-    check_tokens(tokens);
-    if (graph_decodes(tokens, all_logits)) {
-      decode(tokens[0]);
-      return logits.data();
-    }
-    const int64_t n = static_cast<int64_t>(tokens.size());
-    check(cudaMemcpyAsync(ids.data(), tokens.data(), sizeof(int32_t) * n, cudaMemcpyHostToDevice,
-                          stream),
-          "token upload");
-    DeviceBuffer<float> dynamic_cos, dynamic_sin;
-    const float* cos_table = nullptr;
-    const float* sin_table = nullptr;
+  // RoPE tables for positions position .. position + n - 1; dynamic scaling builds them into the
+  // given buffers (which must outlive the kernels that read them).
+  std::pair<const float*, const float*> rope_span(int64_t n, DeviceBuffer<float>& dynamic_cos,
+                                                  DeviceBuffer<float>& dynamic_sin) {
     if (config.rope.scaling == RopeScaling::kDynamic) {
       // The angles depend on the sequence length: tables for exactly this span.
       const RopeTables tables = rope_tables(config, position, n);
@@ -460,40 +663,291 @@ struct CudaTransformer::State {
       dynamic_sin.allocate(tables.sin.size());
       dynamic_cos.upload(tables.cos.data(), tables.cos.size());
       dynamic_sin.upload(tables.sin.data(), tables.sin.size());
-      cos_table = dynamic_cos.data();
-      sin_table = dynamic_sin.data();
-    } else {
-      cos_table = rope_cos.data() + static_cast<int64_t>(position) * w.half_rotary;
-      sin_table = rope_sin.data() + static_cast<int64_t>(position) * w.half_rotary;
+      return {dynamic_cos.data(), dynamic_sin.data()};
     }
-    if (all_logits) all->assign(static_cast<size_t>(n * w.vocab), 0.0f);
+    return {rope_cos.data() + static_cast<int64_t>(position) * w.half_rotary,
+            rope_sin.data() + static_cast<int64_t>(position) * w.half_rotary};
+  }
+
+  // Final norm and logits of rows [t0, t0 + m) of `rows` (the residual stream): all of them into
+  // `all` when all_logits, else only the span's last row when it ends the forward pass.
+  void enqueue_logits(const float* rows, int64_t t0, int64_t m, int64_t n, bool all_logits,
+                      std::vector<float>* all) {
+    if (all_logits) {
+      // Row by row through the one-row logits buffer keeps memory bounded for long spans.
+      rms_norm(rows, final_norm.data(), m, w.hidden, config.rms_norm_eps, normed.data(), stream);
+      for (int64_t r = 0; r < m; ++r) {
+        blas.linear(normed.data() + r * w.hidden, 1, w.hidden, head(), w.vocab, logits.data());
+        check(cudaMemcpyAsync(all->data() + (t0 + r) * w.vocab, logits.data(),
+                              sizeof(float) * w.vocab, cudaMemcpyDeviceToHost, stream),
+              "logits download");
+      }
+      check(cudaStreamSynchronize(stream), "logits download");
+    } else if (t0 + m == n) {
+      rms_norm(rows + (m - 1) * w.hidden, final_norm.data(), 1, w.hidden, config.rms_norm_eps,
+               normed.data(), stream);
+      blas.linear(normed.data(), 1, w.hidden, head(), w.vocab, logits.data());
+    }
+  }
+
+  // Chunk by chunk through all layers (prompts on the plain path, and single tokens outside the
+  // captured graph).
+  void run_chunked(int64_t n, bool all_logits, std::vector<float>* all) {
+    DeviceBuffer<float> dynamic_cos, dynamic_sin;
+    const auto [cos_table, sin_table] = rope_span(n, dynamic_cos, dynamic_sin);
     for (int64_t t0 = 0; t0 < n; t0 += chunk) {
       const int64_t m = std::min<int64_t>(chunk, n - t0);
       cuda::embedding(embedding.data(), ids.data() + t0, m, w.hidden, hidden.data(), stream);
-      for (Layer& layer : layers) {
-        enqueue_layer(layer, m, position + t0, cos_table + t0 * w.half_rotary,
+      for (int index = 0; index < config.num_layers; ++index) {
+        enqueue_layer(index, m, position + t0, cos_table + t0 * w.half_rotary,
                       sin_table + t0 * w.half_rotary, nullptr);
       }
-      if (all_logits) {
-        // Row by row through the one-row logits buffer keeps memory bounded for long spans.
-        rms_norm(hidden.data(), final_norm.data(), m, w.hidden, config.rms_norm_eps, normed.data(),
-                 stream);
-        for (int64_t r = 0; r < m; ++r) {
-          blas.linear(normed.data() + r * w.hidden, 1, w.hidden, head(), w.vocab, logits.data());
-          check(cudaMemcpyAsync(all->data() + (t0 + r) * w.vocab, logits.data(),
-                                sizeof(float) * w.vocab, cudaMemcpyDeviceToHost, stream),
-                "logits download");
-        }
-        check(cudaStreamSynchronize(stream), "logits download");
-      } else if (t0 + m == n) {
-        rms_norm(hidden.data() + (m - 1) * w.hidden, final_norm.data(), 1, w.hidden,
-                 config.rms_norm_eps, normed.data(), stream);
-        blas.linear(normed.data(), 1, w.hidden, head(), w.vocab, logits.data());
-      }
+      enqueue_logits(hidden.data(), t0, m, n, all_logits, all);
     }
     // The dynamic tables must outlive the kernels that read them.
     if (dynamic_cos.size() != 0) check(cudaStreamSynchronize(stream), "forward");
+  }
+
+  // A prompt from position 0, layer by layer over the whole prompt: each layer's queries and keys
+  // of every token exist before its attention runs, so a sparse method can estimate the layer's
+  // plan from all of them (the rigid/dynamic test looks at every segment) and the attention is
+  // one launch per layer. Matrix products still go chunk by chunk.
+  void run_layer_major(int64_t n, bool all_logits, std::vector<float>* all) {
+    DeviceBuffer<float> dynamic_cos, dynamic_sin;
+    const auto [cos_table, sin_table] = rope_span(n, dynamic_cos, dynamic_sin);
+    const int64_t step =
+        estimator ? layer_major_chunk(chunk, attention.prefill_params.block_size) : chunk;
+    const double dense_keys_per_layer = static_cast<double>(config.num_kv_heads) * n * (n + 1) / 2;
+    EventTimer estimate_timer, attention_timer;
+    if (estimator)
+      check(cudaMemsetAsync(key_counters.data(), 0, 2 * sizeof(unsigned long long), stream),
+            "counters");
+    int64_t host_keys = 0;  // dense layers' keys, counted on the host
+    for (int64_t t0 = 0; t0 < n; t0 += step) {
+      const int64_t m = std::min<int64_t>(step, n - t0);
+      cuda::embedding(embedding.data(), ids.data() + t0, m, w.hidden,
+                      prompt_hidden.data() + t0 * w.hidden, stream);
+    }
+    for (int index = 0; index < config.num_layers; ++index) {
+      Layer& layer = layers[index];
+      for (int64_t t0 = 0; t0 < n; t0 += step) {
+        const int64_t m = std::min<int64_t>(step, n - t0);
+        enqueue_qkv(layer, prompt_hidden.data() + t0 * w.hidden, m, cos_table + t0 * w.half_rotary,
+                    sin_table + t0 * w.half_rotary, nullptr);
+        const bf16* q = qkv.data();
+        const bf16* k = qkv.data() + w.q;
+        const bf16* v = qkv.data() + w.q + w.kv;
+        append_kv(k, v, m, w.qkv, config.num_kv_heads, w.head_dim, layer.keys.data(),
+                  layer.values.data(), context, t0, stream);
+        check(cudaMemcpy2DAsync(prompt_q.data() + t0 * w.q, sizeof(bf16) * w.q, q,
+                                sizeof(bf16) * w.qkv, sizeof(bf16) * w.q, m,
+                                cudaMemcpyDeviceToDevice, stream),
+              "prompt queries");
+        record_window(index, q, w.qkv, t0, m);
+        if (estimator) {
+          estimate_timer.start(stream);
+          estimator->record_key_blocks(layer.keys.data(), context, t0, m, stream);
+          estimate_timer.stop(stream);
+        }
+      }
+      FlashShape shape = decode_shape(0);
+      shape.tokens = n;
+      shape.q_token_stride = w.q;
+      shape.out_token_stride = w.q;
+      if (estimator) {
+        estimate_timer.start(stream);
+        const DevicePrefillPlan plan = estimator->estimate(prompt_q.data(), w.q, n, index, stream);
+        estimate_timer.stop(stream);
+        if (plan.dense) {
+          host_keys += static_cast<int64_t>(dense_keys_per_layer);
+        } else {
+          estimator->accumulate_keys_read(key_counters.data(), key_counters.data() + 1, stream);
+        }
+        attention_timer.start(stream);
+        flash_prefill_block_sparse(prompt_q.data(), layer.keys.data(), layer.values.data(), shape,
+                                   plan, prompt_attention.data(), stream);
+        attention_timer.stop(stream);
+      } else {
+        host_keys += static_cast<int64_t>(dense_keys_per_layer);
+        attention_timer.start(stream);
+        flash_prefill(prompt_q.data(), layer.keys.data(), layer.values.data(), shape,
+                      prompt_attention.data(), stream);
+        attention_timer.stop(stream);
+      }
+      for (int64_t t0 = 0; t0 < n; t0 += step) {
+        const int64_t m = std::min<int64_t>(step, n - t0);
+        enqueue_mlp(layer, prompt_hidden.data() + t0 * w.hidden, prompt_attention.data() + t0 * w.q,
+                    m);
+      }
+    }
+    for (int64_t t0 = 0; t0 < n; t0 += step) {
+      const int64_t m = std::min<int64_t>(step, n - t0);
+      enqueue_logits(prompt_hidden.data() + t0 * w.hidden, t0, m, n, all_logits, all);
+    }
+    unsigned long long counters[2] = {0, 0};
+    if (estimator) {
+      check(cudaMemcpyAsync(counters, key_counters.data(), sizeof(counters), cudaMemcpyDeviceToHost,
+                            stream),
+            "work counters");
+    }
+    check(cudaStreamSynchronize(stream), "prefill");
+    work.prefill_keys_read = host_keys + static_cast<int64_t>(counters[0]);
+    work.prefill_keys_dense = host_keys + static_cast<int64_t>(counters[1]);
+    work.estimate_ms = estimate_timer.total_ms();
+    work.prefill_attention_ms = attention_timer.total_ms();
+  }
+
+  size_t cache_bytes() const {
+    size_t total = 0;
+    for (const Layer& layer : layers) total += layer.keys.bytes() + layer.values.bytes();
+    return total;
+  }
+
+  // The one-time compression of every layer's cache (spec section 2), mirroring the CPU engine:
+  // each layer's plan is made on the GPU from its observation window, the kept rows are gathered
+  // into per-head caches sized to the longest head plus decode_room, and the full cache is freed.
+  void compress() {
+    const auto start = std::chrono::steady_clock::now();
+    const int group = config.num_heads / config.num_kv_heads;
+    work.cache_bytes_before = cache_bytes();
+    work.cache_entries_before =
+        static_cast<int64_t>(config.num_layers) * config.num_kv_heads * position;
+    work.cache_entries_after = 0;
+    const int room = std::max(1, std::min(decode_room, context - position));
+    const int window_tokens = keeps_window ? std::min(window, window_count) : 0;
+    size_t workspace_floats = 1;
+    for (int index = 0; index < config.num_layers; ++index) {
+      Layer& layer = layers[index];
+      if (keeps_window) {
+        // Oldest first: the ring slots of positions position - window_tokens .. position - 1.
+        const bf16* ring = window_rings.data() + static_cast<size_t>(index) * window * w.q;
+        for (int row = 0; row < window_tokens;) {
+          const int slot = (position - window_tokens + row) % window;
+          const int run = std::min(window_tokens - row, window - slot);
+          check(cudaMemcpyAsync(window_oldest_first.data() + static_cast<size_t>(row) * w.q,
+                                ring + static_cast<size_t>(slot) * w.q, sizeof(bf16) * run * w.q,
+                                cudaMemcpyDeviceToDevice, stream),
+                "window queries");
+          row += run;
+        }
+      }
+      const DeviceDecodePlan plan =
+          compressor->plan(keeps_window ? window_oldest_first.data() : nullptr, window_tokens,
+                           layer.keys.data(), context, position, index, stream);
+      if (plan.heads == 0) {  // the cache is within this layer's budget: nothing to drop
+        work.cache_entries_after += static_cast<int64_t>(config.num_kv_heads) * position;
+        continue;
+      }
+      std::vector<int32_t> offsets(static_cast<size_t>(plan.heads) + 1);
+      check(cudaMemcpyAsync(offsets.data(), plan.kept_offsets, sizeof(int32_t) * offsets.size(),
+                            cudaMemcpyDeviceToHost, stream),
+            "compression plan");
+      check(cudaStreamSynchronize(stream), "compression plan");
+      int longest = 0;
+      for (int c = 0; c < plan.heads; ++c) longest = std::max(longest, offsets[c + 1] - offsets[c]);
+      work.cache_entries_after += offsets.back();
+      const int64_t stride = longest + room;
+      DeviceBuffer<bf16> keys(static_cast<size_t>(plan.heads) * stride * w.head_dim);
+      DeviceBuffer<bf16> values(static_cast<size_t>(plan.heads) * stride * w.head_dim);
+      DeviceBuffer<int32_t> lengths(static_cast<size_t>(plan.heads));
+      compact_cache(layer.keys.data(), layer.values.data(), context, config.num_kv_heads,
+                    config.head_dim, plan, plan.per_query_head ? group : 1, keys.data(),
+                    values.data(), stride, lengths.data(), stream);
+      check(cudaStreamSynchronize(stream), "cache compaction");  // before the old cache is freed
+      layer.keys = std::move(keys);
+      layer.values = std::move(values);
+      layer.lengths = std::move(lengths);
+      layer.compressed = true;
+      layer.per_query_head = plan.per_query_head;
+      layer.cache_heads = plan.heads;
+      layer.cache_stride = stride;
+      const RaggedShape shape = ragged_shape(layer);
+      layer.decode_splits = ragged_decode_splits(shape);
+      workspace_floats =
+          std::max(workspace_floats, ragged_decode_workspace_floats(shape, layer.decode_splits));
+    }
+    ragged_workspace.allocate(workspace_floats);
+    work.cache_bytes_after = cache_bytes();
+    work.compressed = true;
+    compressed = true;
+    drop_graph();  // the captured steps read the old caches
+    work.compression_ms =
+        1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  void drop_graph() {
+    if (decode_graph != nullptr) cudaGraphExecDestroy(decode_graph);
+    decode_graph = nullptr;
+    eager_decode_steps = 0;
+  }
+
+  // Forgets the sequence; a compressed cache goes back to full size.
+  void reset() {
+    position = 0;
+    window_count = 0;
+    prefilled = false;
+    tokens_since_prefill = 0;
+    work = CudaAttentionWork{};
+    if (compressed) {
+      drop_graph();
+      for (Layer& layer : layers) {
+        if (!layer.compressed) continue;
+        layer.keys.release();
+        layer.values.release();
+        layer.keys.allocate(static_cast<size_t>(w.kv) * context);
+        layer.values.allocate(static_cast<size_t>(w.kv) * context);
+        full_cache_shape(layer);
+      }
+      ragged_workspace.release();
+      compressed = false;
+    }
+  }
+
+  // Runs the tokens through the model; leaves the logits of the last token (or, with all_logits, of
+  // every token, copied into `all`) and returns the device pointer of the last token's logits.
+  const float* run(std::span<const int32_t> tokens, bool all_logits, std::vector<float>* all) {
+    check_tokens(tokens);
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    if (compressed && n > 1) {
+      // A compressed cache has heads of different lengths; new tokens go through one at a time.
+      if (all_logits) all->assign(static_cast<size_t>(n * w.vocab), 0.0f);
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<float> row;
+        run(tokens.subspan(static_cast<size_t>(t), 1), all_logits, &row);
+        if (all_logits) std::copy(row.begin(), row.end(), all->begin() + t * w.vocab);
+      }
+      return logits.data();
+    }
+    const bool is_prefill = !prefilled;
+    if (graph_decodes(tokens, all_logits)) {
+      decode(tokens[0]);
+    } else {
+      check(cudaMemcpyAsync(ids.data(), tokens.data(), sizeof(int32_t) * n, cudaMemcpyHostToDevice,
+                            stream),
+            "token upload");
+      if (is_prefill) work = CudaAttentionWork{};
+      if (all_logits) all->assign(static_cast<size_t>(n * w.vocab), 0.0f);
+      if (is_prefill && position == 0 && n > 1 && layer_major) {
+        run_layer_major(n, all_logits, all);
+      } else {
+        run_chunked(n, all_logits, all);
+        if (is_prefill) {
+          // Full causal attention over the span, per KV head.
+          const double first = position, last = position + n;
+          const double keys = config.num_kv_heads * config.num_layers *
+                              ((last * (last + 1) - first * (first + 1)) / 2);
+          work.prefill_keys_read = work.prefill_keys_dense = static_cast<int64_t>(keys);
+        }
+      }
+    }
     position += static_cast<int>(n);
+    window_count = std::min<int>(window, window_count + static_cast<int>(n));
+    if (is_prefill) {
+      prefilled = true;
+    } else {
+      tokens_since_prefill += static_cast<int>(n);
+    }
+    if (compressor && !compressed && tokens_since_prefill >= compress_after) compress();
     return logits.data();
   }
 };
@@ -538,10 +992,20 @@ int32_t CudaTransformer::forward_greedy(std::span<const int32_t> tokens) {
   return token;
 }
 
-void CudaTransformer::reset() { state_->position = 0; }
+void CudaTransformer::reset() { state_->reset(); }
+
+void CudaTransformer::set_attention(const AttentionConfig& attention, bool layer_major_prefill) {
+  CudaModelOptions options = state_->options;
+  options.attention = attention;
+  options.layer_major_prefill = layer_major_prefill;
+  state_->configure_attention(options);
+  state_->options = options;
+}
 int CudaTransformer::position() const { return state_->position; }
 int CudaTransformer::context_length() const { return state_->context; }
 const ModelConfig& CudaTransformer::config() const { return state_->config; }
 const GpuMemoryPlan& CudaTransformer::memory_plan() const { return state_->plan; }
+const CudaAttentionWork& CudaTransformer::attention_work() const { return state_->work; }
+size_t CudaTransformer::kv_cache_bytes() const { return state_->cache_bytes(); }
 
 }  // namespace entropyinfer::cuda

@@ -11,14 +11,42 @@
 #include <string>
 #include <vector>
 
+#include "attention/attention_config.h"
 #include "model/model_config.h"
 #include "model/model_weights.h"
 
 namespace entropyinfer::cuda {
 
 struct CudaModelOptions {
-  int context_length = 0;   // 0 means the model's max_position_embeddings
-  int chunk_tokens = 8192;  // prompt tokens per pass through the layers
+  int context_length = 0;     // 0 means the model's max_position_embeddings
+  int chunk_tokens = 8192;    // prompt tokens per pass through the layers
+  AttentionConfig attention;  // prefill and decode methods with their parameters
+  // Full-attention prompts (from position 0) also run layer by layer, one attention launch per
+  // layer over the whole prompt. Sparse prefill methods always do. Either costs context * (4 *
+  // hidden + 4 * query width) bytes of activations more than the chunked path.
+  bool layer_major_prefill = false;
+  // After compression the cache keeps room for this many more tokens (at most the rest of the
+  // context); decoding past it is an error.
+  int decode_room = 4096;
+};
+
+// What the attention policies did in the last prefill and compression, for reading each time next
+// to the work behind it.
+struct CudaAttentionWork {
+  // Keys read by the prefill summed over layers, KV heads and queries, and what full causal
+  // attention reads over the same spans.
+  int64_t prefill_keys_read = 0;
+  int64_t prefill_keys_dense = 0;
+  // GPU time (CUDA events) of the estimate (block extrema, scores, entropy, budgets, selection) and
+  // of the prefill attention launches, summed over layers; layer-major prefills only.
+  double estimate_ms = 0;
+  double prefill_attention_ms = 0;
+  bool compressed = false;
+  int64_t cache_entries_before = 0;  // summed over layers and cache heads
+  int64_t cache_entries_after = 0;
+  size_t cache_bytes_before = 0;
+  size_t cache_bytes_after = 0;
+  double compression_ms = 0;  // wall time of the one-time compression
 };
 
 // Bytes a model needs on the GPU.
@@ -48,11 +76,18 @@ class CudaTransformer {
   // The same, returning only the id of the largest last-token logit (chosen on the GPU).
   int32_t forward_greedy(std::span<const int32_t> tokens);
 
-  void reset();
+  void reset();  // forgets the sequence; a compressed cache is re-allocated at full size
+
+  // Switches the attention policies (and forgets the sequence): the same model measured under
+  // several methods. Throws Error naming the problem for an invalid configuration, or when the
+  // policies' buffers do not fit.
+  void set_attention(const AttentionConfig& attention, bool layer_major_prefill = false);
   int position() const;
   int context_length() const;
   const ModelConfig& config() const;
   const GpuMemoryPlan& memory_plan() const;
+  const CudaAttentionWork& attention_work() const;
+  size_t kv_cache_bytes() const;  // allocated now (it shrinks when the cache is compressed)
 
   // What a model of `config` needs with `options`; construction throws Error (naming the bytes
   // needed and free) when it is more than the GPU has free.

@@ -1,0 +1,34 @@
+// `entropyinfer bench --device cuda`: llama-bench-style measurements of the CUDA backend, one row
+// per prompt length and attention method.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "attention/attention_config.h"
+
+namespace entropyinfer::cli {
+
+struct CudaBenchArgs {
+  std::string model;         // a model folder, or empty with random_model set
+  std::string random_model;  // a named shape (model/random_model.h), weights drawn on the GPU
+  std::vector<int> prompt_tokens;
+  int decode_tokens = 256;
+  int repetitions = 1;
+  int chunk_tokens = 16384;
+  int warmup_tokens = 8192;  // a short prompt run first under every method
+  // "prefill[+decode]" each, e.g. full, entropy+latent, critiprefill+snapkv.
+  std::vector<std::string> methods;
+  AttentionConfig base;  // the parameters every method shares
+  std::string json_path;
+  std::string markdown_path;
+  std::string command_line;  // recorded in the results
+};
+
+// Throws Error when this build has no CUDA backend or no GPU is present.
+void run_cuda_bench(const CudaBenchArgs& args);
+
+// "entropy+latent" -> the base configuration with those methods; Error naming a bad part.
+AttentionConfig parse_method(const std::string& text, const AttentionConfig& base);
+
+}  // namespace entropyinfer::cli

@@ -1,0 +1,191 @@
+// The CUDA transformer under the attention policies, against itself and against the CPU
+// Transformer running the same policies on the same (bf16-exact) weights.
+//
+// The GPU computes queries and keys from bf16 activations, the CPU in fp32, so the policies see
+// slightly different inputs: selections may differ where scores nearly tie. What is asserted:
+//   - a sparse prefill whose budgets cover every block equals the dense prefill (relative L2
+//     5e-3: the two kernels sum in different orders) and counts every key;
+//   - under the same sparse prefill the GPU's logits stay within the dense parity bound of the
+//     CPU's (relative L2 3e-2) and the fraction of keys read is the CPU's within 2%;
+//   - after each decode method's one-time compression the cache holds exactly as many entries as
+//     the CPU's, its memory shrinks, and decoding over it stays within relative L2 5e-2 of the CPU
+//     with the argmax agreeing on at least 80% of the steps;
+//   - reset() gives back the full cache: the same prompt then gives the first run's logits.
+#include <gtest/gtest.h>
+
+#include <iostream>
+
+#include "backends/cuda/cuda_transformer.h"
+#include "engine/transformer.h"
+#include "gpu/gpu_test_support.h"
+#include "gpu/model_test_support.h"
+
+namespace entropyinfer {
+namespace {
+
+using gpu_test::Agreement;
+using gpu_test::compare_rows;
+using gpu_test::gpu_exact_model;
+using gpu_test::small_config;
+
+std::vector<int32_t> test_prompt(size_t length, int vocab) {
+  std::vector<int32_t> prompt(length);
+  for (size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] = static_cast<int32_t>((i * 7919 + 13) % vocab);
+  return prompt;
+}
+
+// Small segments and blocks so that a prompt of a few hundred tokens has sparse segments.
+AttentionConfig small_sparse(PrefillMethod method, int base_budget) {
+  AttentionConfig config;
+  config.prefill = method;
+  config.prefill_params.segment_size = 64;
+  config.prefill_params.block_size = 8;
+  config.prefill_params.sparse_threshold = 128;
+  config.prefill_params.base_budget = base_budget;
+  config.prefill_params.critiprefill_budget = base_budget;
+  config.decode_params.budget = 128;
+  config.decode_params.window = 16;
+  config.decode_params.gap = 8;
+  return config;
+}
+
+TEST(CudaTransformerPolicies, SparsePrefillReadingEverythingEqualsDense) {
+  ENTROPYINFER_REQUIRE_GPU();
+  for (int variant : {0, 1}) {
+    SCOPED_TRACE("model variant " + std::to_string(variant));
+    const ModelConfig config = small_config(variant);
+    const ModelWeights weights = gpu_exact_model(config, 11 + variant);
+    cuda::CudaModelOptions options;
+    options.context_length = 1024;
+    options.chunk_tokens = 200;  // the layer-major path still runs its products in passes
+    cuda::CudaTransformer dense(weights, options);
+    options.attention = small_sparse(PrefillMethod::kEntropy, 2048);
+    cuda::CudaTransformer sparse(weights, options);
+    const auto prompt = test_prompt(700, config.vocab_size);
+    Agreement agreement;
+    compare_rows(sparse.forward(prompt, true), dense.forward(prompt, true), config.vocab_size,
+                 agreement);
+    std::cout << "[ measure ] everything-selected sparse vs dense: relative L2 "
+              << agreement.worst_relative_l2 << "\n";
+    EXPECT_LE(agreement.worst_relative_l2, 5e-3);
+    const auto& work = sparse.attention_work();
+    EXPECT_GT(work.prefill_keys_dense, 0);
+    EXPECT_EQ(work.prefill_keys_read, work.prefill_keys_dense);
+    // Full attention layer by layer is the same computation as chunk by chunk.
+    dense.set_attention(AttentionConfig{}, /*layer_major_prefill=*/true);
+    Agreement layer_major;
+    sparse.reset();
+    compare_rows(dense.forward(prompt, true), sparse.forward(prompt, true), config.vocab_size,
+                 layer_major);
+    EXPECT_LE(layer_major.worst_relative_l2, 5e-3);
+  }
+}
+
+TEST(CudaTransformerPolicies, SparsePrefillMatchesCpuPolicies) {
+  ENTROPYINFER_REQUIRE_GPU();
+  for (int variant : {0, 1}) {
+    for (PrefillMethod method : {PrefillMethod::kEntropy, PrefillMethod::kCritiPrefill}) {
+      SCOPED_TRACE("model variant " + std::to_string(variant) + ", " + prefill_method_name(method));
+      const ModelConfig config = small_config(variant);
+      const ModelWeights weights = gpu_exact_model(config, 21 + variant);
+      const AttentionConfig attention = small_sparse(method, 128);
+      Transformer cpu_model(weights, 1024, attention);
+      cuda::CudaModelOptions options;
+      options.context_length = 1024;
+      options.attention = attention;
+      cuda::CudaTransformer gpu_model(weights, options);
+      const auto prompt = test_prompt(900, config.vocab_size);
+      Agreement agreement;
+      compare_rows(gpu_model.forward(prompt, true), cpu_model.forward(prompt, true),
+                   config.vocab_size, agreement);
+      const auto& gpu_work = gpu_model.attention_work();
+      const auto& cpu_work = cpu_model.attention_work();
+      const double gpu_fraction =
+          static_cast<double>(gpu_work.prefill_keys_read) / gpu_work.prefill_keys_dense;
+      const double cpu_fraction =
+          static_cast<double>(cpu_work.prefill_keys_read) / cpu_work.prefill_keys_dense;
+      std::cout << "[ measure ] variant " << variant << " " << prefill_method_name(method)
+                << ": relative L2 " << agreement.worst_relative_l2 << ", keys read GPU "
+                << gpu_fraction << " CPU " << cpu_fraction << "\n";
+      EXPECT_EQ(gpu_work.prefill_keys_dense, cpu_work.prefill_keys_dense);
+      EXPECT_LT(gpu_fraction, 0.9);  // the plan really is sparse
+      EXPECT_NEAR(gpu_fraction, cpu_fraction, 0.02 * cpu_fraction);
+      EXPECT_LE(agreement.worst_relative_l2, gpu_test::kMaxRelativeL2);
+    }
+  }
+}
+
+TEST(CudaTransformerPolicies, DecodeCompressionMatchesCpuPolicies) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const ModelConfig config = small_config(0);
+  const ModelWeights weights = gpu_exact_model(config, 31);
+  const auto prompt = test_prompt(600, config.vocab_size);
+  for (DecodeMethod method : {DecodeMethod::kLatent, DecodeMethod::kSnapKV, DecodeMethod::kAdaKV,
+                              DecodeMethod::kStreamingLLM, DecodeMethod::kPyramidKV}) {
+    for (bool per_query_head : {false, true}) {
+      if (per_query_head && method != DecodeMethod::kLatent) continue;
+      SCOPED_TRACE(decode_method_name(method) + (per_query_head ? " per query head" : ""));
+      AttentionConfig attention = small_sparse(PrefillMethod::kEntropy, 128);
+      attention.decode = method;
+      attention.decode_params.per_query_head = per_query_head;
+      Transformer cpu_model(weights, 1024, attention);
+      cuda::CudaModelOptions options;
+      options.context_length = 1024;
+      options.attention = attention;
+      options.decode_room = 64;
+      cuda::CudaTransformer gpu_model(weights, options);
+      const size_t full_bytes = gpu_model.kv_cache_bytes();
+      Agreement agreement;
+      std::vector<float> cpu_logits = cpu_model.forward(prompt);
+      compare_rows(gpu_model.forward(prompt), cpu_logits, config.vocab_size, agreement);
+      for (int step = 0; step < 24; ++step) {
+        const int32_t token = static_cast<int32_t>(
+            std::max_element(cpu_logits.begin(), cpu_logits.end()) - cpu_logits.begin());
+        const std::vector<int32_t> one = {token};
+        cpu_logits = cpu_model.forward(one);
+        compare_rows(gpu_model.forward(one), cpu_logits, config.vocab_size, agreement);
+      }
+      const auto& gpu_work = gpu_model.attention_work();
+      const auto& cpu_work = cpu_model.attention_work();
+      std::cout << "[ measure ] " << decode_method_name(method)
+                << (per_query_head ? " (per query head)" : "") << ": relative L2 "
+                << agreement.worst_relative_l2 << ", argmax " << agreement.argmax_matches << "/"
+                << agreement.rows << ", entries " << gpu_work.cache_entries_after << " (CPU "
+                << cpu_work.cache_entries_after << "), cache bytes " << full_bytes << " -> "
+                << gpu_model.kv_cache_bytes() << "\n";
+      ASSERT_TRUE(gpu_work.compressed);
+      EXPECT_EQ(gpu_work.cache_entries_after, cpu_work.cache_entries_after);
+      EXPECT_LT(gpu_model.kv_cache_bytes(), full_bytes);
+      EXPECT_LE(agreement.worst_relative_l2, 5e-2);
+      EXPECT_GE(agreement.argmax_matches, 0.8 * agreement.rows);
+
+      // reset() restores the full cache: the prompt gives the first run's logits again.
+      gpu_model.reset();
+      EXPECT_EQ(gpu_model.kv_cache_bytes(), full_bytes);
+      cpu_model.reset();
+      Agreement again;
+      compare_rows(gpu_model.forward(prompt), cpu_model.forward(prompt), config.vocab_size, again);
+      EXPECT_LE(again.worst_relative_l2, gpu_test::kMaxRelativeL2);
+    }
+  }
+}
+
+TEST(CudaTransformerPolicies, InvalidAttentionSettingsAreOneClearError) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const ModelConfig config = small_config(0);
+  const ModelWeights weights = gpu_exact_model(config, 41);
+  cuda::CudaModelOptions options;
+  options.context_length = 256;
+  options.attention.prefill = PrefillMethod::kEntropy;
+  options.attention.prefill_params.segment_size = 60;  // not a multiple of the block size
+  try {
+    cuda::CudaTransformer model(weights, options);
+    FAIL() << "a segment of 60 with blocks of 8 was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("segment"), std::string::npos) << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace entropyinfer
