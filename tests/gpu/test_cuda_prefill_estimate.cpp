@@ -479,23 +479,21 @@ TEST(CudaPrefillEstimate, OtherGroupSizesAndUnalignedShapesMatchCpu) {
 
 // KV head 0: every query of its group has +4 in dimension 0 and block 0 has 60 there, so block 0
 // outscores every other by ~230 in every segment: entropy ~0, a rigid head. KV head 1: its
-// queries follow one random direction per segment, scaled by 0.01 and 6 in turn, so its entropy
-// jumps up and down and the recursion moves its budgets. The other heads are random.
-TEST(CudaPrefillEstimate, RigidAndDynamicHeadsMatchCpu) {
-  ENTROPYINFER_REQUIRE_GPU();
+// queries follow one random direction per segment, scaled by 0.01 and 3 in turn, so its entropy
+// jumps up and down and the recursion moves its budgets. KV head 2 is random.
+Prompt rigid_and_dynamic_prompt(const PrefillParams& params) {
   const Shape shape{12, 3, 64, 1300};
-  const PrefillParams base_params = small_params(64, 8, 128, 64);
   Prompt prompt = random_prompt(shape, 61);
   const int group = shape.q_heads / shape.kv_heads;
   std::mt19937 generator(62);
   std::uniform_real_distribution<float> flat(-1.0f, 1.0f);
-  const int64_t segments = count_segments(shape.tokens, base_params.segment_size);
+  const int64_t segments = count_segments(shape.tokens, params.segment_size);
   for (int64_t s = 0; s < segments; ++s) {
-    const float scale = s % 2 == 0 ? 0.01f : 6.0f;
+    const float scale = s % 2 == 0 ? 0.01f : 3.0f;
     std::vector<float> direction(shape.head_dim);
     for (float& x : direction) x = flat(generator) * scale;
-    const int64_t end = std::min<int64_t>(shape.tokens, (s + 1) * base_params.segment_size);
-    for (int64_t t = s * base_params.segment_size; t < end; ++t) {
+    const int64_t end = std::min<int64_t>(shape.tokens, (s + 1) * params.segment_size);
+    for (int64_t t = s * params.segment_size; t < end; ++t) {
       for (int g = 0; g < group; ++g) {
         query_at(prompt, t, g, 0) = 4.0f;
         for (int d = 0; d < shape.head_dim; ++d) {
@@ -504,12 +502,18 @@ TEST(CudaPrefillEstimate, RigidAndDynamicHeadsMatchCpu) {
       }
     }
   }
-  for (int t = 0; t < base_params.block_size; ++t) key_at(prompt, 0, t, 0) = 60.0f;
+  for (int t = 0; t < params.block_size; ++t) key_at(prompt, 0, t, 0) = 60.0f;
+  return prompt;
+}
 
+TEST(CudaPrefillEstimate, RigidAndDynamicHeadsMatchCpu) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const PrefillParams base_params = small_params(64, 8, 128, 64);
+  Prompt prompt = rigid_and_dynamic_prompt(base_params);
   for (bool share : {false, true}) {
     Case c;
     c.label = std::string("rigid and dynamic heads") + (share ? " shared" : "");
-    c.shape = shape;
+    c.shape = prompt.shape;
     c.params = base_params;
     c.params.share_segment_budget = share;
     const LayerPrefillPlan cpu =
@@ -523,10 +527,8 @@ TEST(CudaPrefillEstimate, RigidAndDynamicHeadsMatchCpu) {
 // Keys made of three block patterns only: every row has three distinct scores, so the selection
 // is decided by the tie rule (lower block first). Exact scores tie exactly on both sides, so the
 // plans must be identical.
-TEST(CudaPrefillEstimate, ExactTiesRankByBlockIndexLikeTheCpu) {
-  ENTROPYINFER_REQUIRE_GPU();
+Prompt tied_prompt() {
   const Shape shape{4, 2, 64, 1200};
-  const PrefillParams params = small_params(64, 8, 128, 40);
   Prompt prompt = random_prompt(shape, 71);
   const std::vector<float> patterns =
       random_bf16_values(static_cast<size_t>(3) * shape.kv_heads * 8 * shape.head_dim, 72);
@@ -542,11 +544,17 @@ TEST(CudaPrefillEstimate, ExactTiesRankByBlockIndexLikeTheCpu) {
       }
     }
   }
+  return prompt;
+}
+
+TEST(CudaPrefillEstimate, ExactTiesRankByBlockIndexLikeTheCpu) {
+  ENTROPYINFER_REQUIRE_GPU();
+  Prompt prompt = tied_prompt();
   for (BudgetRule rule : {BudgetRule::kEntropy, BudgetRule::kFixed}) {
     Case c;
     c.label = std::string("exact ties ") + (rule == BudgetRule::kEntropy ? "entropy" : "fixed");
-    c.shape = shape;
-    c.params = params;
+    c.shape = prompt.shape;
+    c.params = small_params(64, 8, 128, 40);
     c.rule = rule;
     const PlanDifferences diff = run_case(c, &prompt, /*ties_must_match=*/true);
     EXPECT_EQ(diff.near_ties, 0);
@@ -645,10 +653,7 @@ double elapsed_ms(cudaEvent_t begin, cudaEvent_t end) {
 
 // Llama-3-8B's attention layout at the released defaults, on a 16k-token prompt whose queries
 // and keys have a per-dimension bias (as real ones do) so that the scores are not all alike.
-TEST(CudaPrefillEstimate, LargePromptMatchesCpu) {
-  ENTROPYINFER_REQUIRE_GPU();
-  const Shape shape{32, 8, 128, 16384};
-  const PrefillParams params;  // S 512, b 8, threshold 4096, base 2048
+Prompt biased_prompt(Shape shape) {
   Prompt prompt = random_prompt(shape, 101);
   const std::vector<float> bias = gpu_test::random_floats(
       static_cast<size_t>(shape.q_heads + shape.kv_heads) * shape.head_dim, 102, 0.5f);
@@ -666,6 +671,14 @@ TEST(CudaPrefillEstimate, LargePromptMatchesCpu) {
       }
     }
   }
+  return prompt;
+}
+
+TEST(CudaPrefillEstimate, LargePromptMatchesCpu) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const Shape shape{32, 8, 128, 16384};
+  const PrefillParams params;  // S 512, b 8, threshold 4096, base 2048
+  const Prompt prompt = biased_prompt(shape);
   const auto cpu_start = std::chrono::steady_clock::now();
   const LayerPrefillPlan cpu =
       estimate_prefill_plan(cpu_inputs(prompt, 1), params, BudgetRule::kEntropy);
