@@ -156,7 +156,7 @@ template <int kHeadDim>
 __global__ void __launch_bounds__(kScoreThreads) window_row_stats_kernel(const WindowParams p) {
   __shared__ __align__(128) uint8_t shared[ScoreTile<kHeadDim>::kSharedBytes];
   __shared__ float2 warp_stats[kScoreWarps][kQueryGroup];
-  const int chunk = blockIdx.x, query_group = blockIdx.y, head = blockIdx.z;
+  const int head = blockIdx.x, query_group = blockIdx.y, chunk = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key_begin = chunk * kChunkKeys;
@@ -244,7 +244,7 @@ __global__ void window_row_merge_kernel(const float2* chunk_stats, int chunks, f
 template <int kHeadDim>
 __global__ void __launch_bounds__(kScoreThreads) window_scores_kernel(const WindowParams p) {
   __shared__ __align__(128) uint8_t shared[ScoreTile<kHeadDim>::kSharedBytes];
-  const int chunk = blockIdx.x, query_group = blockIdx.y, head = blockIdx.z;
+  const int head = blockIdx.x, query_group = blockIdx.y, chunk = blockIdx.z;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key_begin = chunk * kChunkKeys;
@@ -767,12 +767,13 @@ void check_compressor_arguments(DecodeMethod method, const DecodeParams& params,
   }
   if (num_layers <= 0) throw Error("decode compression: num_layers must be positive");
   const int heads = selection_heads_of(params, num_q_heads, num_kv_heads);
-  if (max_cache_length <= 0 ||
+  if (max_cache_length <= 0 || ceil_div(max_cache_length, kChunkKeys) > 65535 ||
       static_cast<int64_t>(heads) * max_cache_length >= (int64_t{1} << 31) ||
       max_plan_entries(method, params, heads, num_layers, max_cache_length) >= (int64_t{1} << 31)) {
-    throw Error("decode compression: a maximum cache of " + std::to_string(max_cache_length) +
-                " entries for " + std::to_string(heads) +
-                " heads is out of range (positive, and heads times it below 2^31)");
+    throw Error(
+        "decode compression: a maximum cache of " + std::to_string(max_cache_length) +
+        " entries for " + std::to_string(heads) +
+        " heads is out of range (positive, at most 65535 * 512, and heads times it below 2^31)");
   }
 }
 
@@ -803,14 +804,16 @@ BufferSizes buffer_sizes(DecodeMethod method, const DecodeParams& params, int nu
 
 template <int kHeadDim>
 void launch_window_scores(const WindowParams& params, int query_groups, cudaStream_t stream) {
-  const dim3 stats_grid(static_cast<unsigned>(params.row_chunks), query_groups, params.q_heads);
+  // The query heads of one chunk are neighbours in the grid: the heads of a group read the same
+  // keys at about the same time, from L2.
+  const dim3 stats_grid(params.q_heads, query_groups, static_cast<unsigned>(params.row_chunks));
   window_row_stats_kernel<kHeadDim><<<stats_grid, kScoreThreads, 0, stream>>>(params);
   check_launch("window_row_stats_kernel");
   window_row_merge_kernel<<<static_cast<unsigned>(params.q_heads * params.window_tokens), 32, 0,
                             stream>>>(params.chunk_stats, params.row_chunks, params.row_stats);
   check_launch("window_row_merge_kernel");
-  const dim3 scores_grid(static_cast<unsigned>(ceil_div(params.candidates, kChunkKeys)),
-                         query_groups, params.q_heads);
+  const dim3 scores_grid(params.q_heads, query_groups,
+                         static_cast<unsigned>(ceil_div(params.candidates, kChunkKeys)));
   window_scores_kernel<kHeadDim><<<scores_grid, kScoreThreads, 0, stream>>>(params);
   check_launch("window_scores_kernel");
 }
