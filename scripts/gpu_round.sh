@@ -13,6 +13,7 @@
 #   METHOD_LENGTHS prompt lengths of the attention-method comparison (default 32768,65536,131072)
 #   METHODS        methods compared (default full,entropy+latent,critiprefill+snapkv)
 #   NEW_TOKENS     tokens generated after each prompt there (default 256)
+#   METHODS_HF     0 skips the transformers reference of the method comparison (default 1)
 #   BENCH_LENGTHS_CLI  prompt lengths of `entropyinfer bench --device cuda` for dense attention
 #                  (default 16384,32768,65536,131072)
 set -uo pipefail
@@ -73,7 +74,7 @@ if [[ "${steps}" == *",tests,"* && -x "${build}/entropyinfer_gpu_tests" ]]; then
   start=$(date +%s)
   # A kernel that deadlocks must not eat the whole device call; the Hopper kernel's tests run last and
   # alone, so that everything else is measured even if it hangs.
-  timeout -k 10 300 "${build}/entropyinfer_gpu_tests" --gtest_filter='-*Wgmma*' \
+  timeout -k 10 "${TESTS_TIMEOUT:-300}" "${build}/entropyinfer_gpu_tests" --gtest_filter='-*Wgmma*' \
     --gtest_output="json:${out}/gpu-tests.json" >> "${log}" 2>&1 || step_failed "GPU tests"
   timeout -k 10 120 "${build}/entropyinfer_gpu_tests" --gtest_filter='*WgmmaSimple*' >> "${log}" 2>&1 ||
     step_failed "GPU tests (wgmma without overlap)"
@@ -141,9 +142,11 @@ if [[ "${steps}" == *",methods,"* && -x "${build}/entropyinfer" ]]; then
   timeout -k 10 420 "${build}/entropyinfer" bench --device cuda --random-model llama-3.1-8b \
     -p "${method_lengths}" -n "${new_tokens}" -r 1 --methods "${methods}" \
     --json "${out}/methods-ours.json" 2>&1 | tee -a "${log}" || step_failed "methods benchmark"
-  timeout -k 10 420 python3 "${repo_root}/bench/gpu/hf_reference.py" --prefill "${method_lengths}" \
-    --decode-contexts "" --e2e "${method_lengths}" --new-tokens "${new_tokens}" \
-    --json "${out}/methods-hf.json" 2>&1 | tee -a "${log}" || step_failed "transformers reference (methods)"
+  if [[ "${METHODS_HF:-1}" == 1 ]]; then
+    timeout -k 10 420 python3 "${repo_root}/bench/gpu/hf_reference.py" --prefill "${method_lengths}" \
+      --decode-contexts "" --e2e "${method_lengths}" --new-tokens "${new_tokens}" \
+      --json "${out}/methods-hf.json" 2>&1 | tee -a "${log}" || step_failed "transformers reference (methods)"
+  fi
   if [[ -f "${out}/methods-ours.json" ]]; then
     hf_args=()
     [[ -f "${out}/methods-hf.json" ]] && hf_args=(--hf "${out}/methods-hf.json")
