@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One training round of the project's small long-context model on the GPU machine (one H200):
+# checks the task generator, then runs training/train.py (tokenizer, training by wall clock,
+# checkpoints, export, evaluation). Everything lands flat in $OUT, at most 8 files:
+#   model.tar.00, model.tar.01  the model folder, bundled (`cat model.tar.* | tar -x` gives model/)
+#   train_state.json, eval.json, eval_manifest.jsonl, train.log
+# The whole round takes about 8 minutes (training stops by wall clock; see training/README.md).
+#   OUT          output folder (the device run sets it)
+#   RESUME_FROM  optional: a previous round's output (folder with model.tar.* and train_state.json),
+#                carried into the repository, e.g. .cache/round1
+#   TEXT_DIR     training text (default .cache/assets-text, from scripts/stage_training_assets.sh)
+#   TRAIN_ARGS   extra arguments for training/train.py, e.g. "--train-seconds 300"
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${root}"
+out="${OUT:?set OUT to the folder that receives the model and the logs}"
+text_dir="${TEXT_DIR:-.cache/assets-text}"
+mkdir -p "${out}"
+export PYTHONUNBUFFERED=1
+
+if [[ ! -f "${text_dir}/janeausten/emma.txt" ]]; then
+  echo "train_round: no training text in ${text_dir}: run scripts/stage_training_assets.sh and carry .cache/assets-text" >&2
+  exit 1
+fi
+
+args=(--out "${out}" --text-dir "${text_dir}")
+if [[ -n "${RESUME_FROM:-}" ]]; then
+  args+=(--resume-from "${RESUME_FROM}")
+fi
+
+{
+  echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ) train_round on $(hostname)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+  python3 -c 'import sys, torch, tokenizers, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "tokenizers", tokenizers.__version__, "transformers", transformers.__version__)' || true
+  python3 training/tasks.py --self-test --text-dir "${text_dir}"
+  # TRAIN_ARGS is split into words on purpose.
+  # shellcheck disable=SC2086
+  python3 -u training/train.py "${args[@]}" ${TRAIN_ARGS:-}
+} 2>&1 | tee "${out}/train.log"
