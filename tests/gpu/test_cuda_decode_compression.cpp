@@ -366,6 +366,7 @@ TEST(CudaDecodeCompression, AdaKVMatchesCpuPolicy) {
     c.params.pooling = Pooling::kMax;
     c.params.aggregation = GroupAggregation::kMax;
     c.params.per_query_head = true;
+    c.window_tokens = 16;
     cases.push_back(c);
   }
   {

@@ -134,7 +134,7 @@ void run_case(const RaggedCase& c, const std::vector<int>& splits, uint32_t seed
     cuda::RaggedShape rest = shape;
     const int64_t skipped_q_heads = c.per_query_head ? 1 : group;
     rest.q_heads -= skipped_q_heads;
-    rest.kv_heads -= c.per_query_head ? 0 : 1;
+    rest.kv_heads -= 1;  // per query head only with group 1: one cache per KV head either way
     ASSERT_TRUE(rest.kv_heads > 0 && rest.q_heads % rest.kv_heads == 0) << describe(c);
     const size_t cache_elements = static_cast<size_t>(host.stride) * c.head_dim;
     // per_query_head with group 1 only (then cache c reads KV head c); per KV head: any group.

@@ -380,6 +380,7 @@ struct CudaTransformer::State {
     shape.head_dim = config.head_dim;
     shape.first_position = first_position;
     shape.cache_stride = context;
+    shape.q_token_stride = w.qkv;  // queries stay inside the fused q/k/v rows
     return shape;
   }
 
