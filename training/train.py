@@ -54,6 +54,11 @@ EOS_TOKEN = "<|end_of_text|>"
 FRESH_CURRICULUM = "256:0.10:128,1024:0.12:48,4096:0.18:16,8192:0.18:8,16384:0.30:4,32768:0.12:2"
 CONTINUATION_CURRICULUM = "4096:0.15:16,16384:0.55:4,32768:0.30:2"
 MAX_MODEL_MB = 50.0
+# Answer-word tokens carry their task family in the kind: ANSWER_WORD_BASE + family index, so the
+# log can show what each family has learnt.
+FAMILIES = ["niah", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe"]
+FAMILY_SHORT = ["niah", "mv", "mq", "vt", "cwe", "fwe"]
+ANSWER_WORD_BASE = 10
 
 
 def log(message):
@@ -507,7 +512,8 @@ def _resources(state, spec, which):
 
 def make_batch(spec, length, batch, seed):
     """`batch` training sequences of exactly `length` tokens: BOS, the sample, EOS, then padding
-    (ignored by the loss). kinds: 0 ignore, 1 text, 2 answer word, 3 answer form (tasks.py)."""
+    (ignored by the loss). kinds: 0 ignore, 1 text, 3 answer form (tasks.py), and
+    ANSWER_WORD_BASE + family index for answer words."""
     state = _worker_state(spec)
     res = _resources(state, spec, "train")
     tokenizer = state["tokenizer"]
@@ -522,10 +528,11 @@ def make_batch(spec, length, batch, seed):
     for b in range(batch):
         sample = tasks.training_sample(rng, length, res, measure)
         row, row_kinds = [state["bos"]], [0]
+        answer_kind = ANSWER_WORD_BASE + FAMILIES.index(sample.task)
         for text, kind in sample.segments:
             piece = encode(tokenizer, text)
             row += piece
-            row_kinds += [kind] * len(piece)
+            row_kinds += [answer_kind if kind == tasks.ANSWER_WORD else kind] * len(piece)
         row.append(state["eos"])
         row_kinds.append(tasks.ANSWER_FORM)
         if b == 0 and len(row) != measure(sample.full_text()):
@@ -623,12 +630,20 @@ def batch_loss(model, ids, kinds, args, autocast):
     ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
     ce = ce.view(targets.shape)
     lm_mask = ((target_kinds == tasks.CONTEXT) | (target_kinds == tasks.ANSWER_FORM)).float()
-    answer_mask = (target_kinds == tasks.ANSWER_WORD).float()
+    answer_mask = (target_kinds >= ANSWER_WORD_BASE).float()
     lm_loss = (ce * lm_mask).sum() / lm_mask.sum().clamp(min=1)
     answer_loss = (ce * answer_mask).sum() / answer_mask.sum().clamp(min=1)
     loss = args.lm_weight * lm_loss + args.answer_weight * answer_loss
-    correct = ((logits.argmax(-1) == targets).float() * answer_mask).sum()
-    return loss, lm_loss.detach(), answer_loss.detach(), correct.detach(), answer_mask.sum().detach()
+    # Per family, without a device sync: one-hot of the family over answer positions.
+    family = (target_kinds - ANSWER_WORD_BASE).clamp(min=0, max=len(FAMILIES) - 1)
+    per_family = F.one_hot(family, len(FAMILIES)).float() * answer_mask.unsqueeze(-1)
+    hits = (logits.argmax(-1) == targets).float().unsqueeze(-1)
+    stats = torch.cat([
+        torch.stack([lm_loss.detach(), answer_loss.detach()]),
+        (per_family * hits).sum(dim=(0, 1)),  # correct answer words per family
+        per_family.sum(dim=(0, 1)),  # answer words per family
+    ])
+    return loss, stats
 
 
 def write_bundle(model_dir, out, part_mib):
@@ -719,13 +734,12 @@ def train(model, args, schedule, state, queue, model_dir, out, token_ids, dtype_
             lr *= min(1.0, (steps_in_call + 1) / 50)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss, lm_loss, answer_loss, correct, answers = batch_loss(model, ids, kinds, args, autocast)
+        loss, step_stats = batch_loss(model, ids, kinds, args, autocast)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
-        stacked = torch.stack([lm_loss, answer_loss, correct, answers])
-        window_gpu = stacked if window_gpu is None else window_gpu + stacked
+        window_gpu = step_stats if window_gpu is None else window_gpu + step_stats
         window["steps"] += 1
         window["tokens"] += ids_np.size
         state["schedule_step"] += 1
@@ -734,7 +748,11 @@ def train(model, args, schedule, state, queue, model_dir, out, token_ids, dtype_
         steps_in_call += 1
         now = time.time()
         if now - last_log >= args.log_seconds:
-            lm_sum, answer_sum, correct_sum, answer_count = window_gpu.tolist()
+            values = window_gpu.tolist()
+            lm_sum, answer_sum = values[0], values[1]
+            family_correct = values[2 : 2 + len(FAMILIES)]
+            family_count = values[2 + len(FAMILIES) :]
+            correct_sum, answer_count = sum(family_correct), sum(family_count)
             span = now - last_log
             record = {
                 "step": state["total_steps"],
@@ -743,12 +761,14 @@ def train(model, args, schedule, state, queue, model_dir, out, token_ids, dtype_
                 "answer_loss": answer_sum / window["steps"],
                 "answer_accuracy": correct_sum / max(1.0, answer_count),
                 "tokens_per_second": window["tokens"] / span,
+                "family_accuracy": {f: (c / n if n else None) for f, c, n in zip(FAMILIES, family_correct, family_count)},
             }
+            by_family = " ".join(f"{short} {c / n:.2f}" for short, c, n in zip(FAMILY_SHORT, family_correct, family_count) if n)
             summary["stages"][str(length)] = record
             log(
                 f"step {state['total_steps']:6d} | len {length:5d} x{ids_np.shape[0]:<3d} | lr {lr:.2e} | "
                 f"lm {record['lm_loss']:.3f} | ans {record['answer_loss']:.3f} | acc {record['answer_accuracy']:.3f} "
-                f"({int(answer_count)}) | {record['tokens_per_second'] / 1e6:.2f}M tok/s | "
+                f"({int(answer_count)}: {by_family}) | {record['tokens_per_second'] / 1e6:.2f}M tok/s | "
                 f"data wait {100 * window['wait'] / span:.0f}% | schedule {100 * fraction:.0f}%"
             )
             window.clear()
