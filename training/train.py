@@ -937,7 +937,8 @@ def write_model_card(path, results, cfg, dtype_name):
         "- Text: five Jane Austen novels and the King James Bible (public domain), bAbI training stories",
         "  (CC BY 3.0, Facebook AI Research); Persuasion is held out as the evaluation haystack.",
         "- Synthetic tasks embedded in the text (training/TASKS.md): needle retrieval (single, multi-key,",
-        "  multi-value, multi-query), variable tracking, common and frequent word extraction.",
+        "  multi-value, multi-query), variable tracking, common and frequent word extraction; keys and",
+        "  values come from RULER's wonderwords lists (MIT).",
         f"- {train_info.get('total_steps', 0)} steps, {train_info.get('total_tokens', 0) / 1e6:.0f}M tokens, "
         f"{train_info.get('total_train_seconds', 0):.0f} s on one GPU; curriculum "
         f"{', '.join(str(s['length']) for s in train_info.get('stages', []))} tokens.",
