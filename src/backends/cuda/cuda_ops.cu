@@ -37,9 +37,27 @@ __device__ float block_sum(float value) {
 __device__ inline float load_float(const float* x) { return *x; }
 __device__ inline float load_float(const bf16* x) { return __bfloat162float(*x); }
 
+// Programmatic dependent launch (sm_90): a kernel launched with the programmatic-serialization
+// attribute (the single-token products below) may start while the kernel before it still runs, as
+// soon as that kernel allows it; it must wait for it (griddepcontrol.wait: completion and memory
+// visibility) before reading anything it writes. The decode step's products stream weights that no
+// earlier kernel writes, so they start on them early and hide their ramp-up behind the small
+// kernels before them. Both instructions are no-ops without a programmatic launch.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisite_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 template <typename In>
 __global__ void rms_norm_kernel(const In* x, const float* weight, int64_t size, float eps,
                                 bf16* out, int64_t x_stride, int64_t out_stride) {
+  allow_dependent_launch();
   const In* row = x + blockIdx.x * x_stride;
   bf16* out_row = out + blockIdx.x * out_stride;
   float squares = 0.0f;
@@ -99,6 +117,7 @@ __global__ void add_bias_kernel(T* y, const float* bias, int64_t rows, int64_t w
 
 __global__ void swiglu_kernel(const bf16* gate, const bf16* up, int64_t rows, int64_t width,
                               int64_t in_stride, bf16* out) {
+  allow_dependent_launch();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * width) return;
   const int64_t row = i / width, column = i % width;
@@ -250,15 +269,26 @@ __global__ void gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__
   const int64_t chunks = in / 8;
   float sum = 0.0f;
   int64_t c = lane;
-  for (; c + 32 * (kInFlight - 1) < chunks; c += 32 * kInFlight) {
-    uint4 w_chunk[kInFlight], x_chunk[kInFlight];
+  // The first weights are requested before waiting for the kernel that writes x (see above).
+  uint4 w_chunk[kInFlight];
+  bool full = c + 32 * (kInFlight - 1) < chunks;
+  if (full) {
 #pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      w_chunk[u] = __ldcs(weights + c + 32 * u);
-      x_chunk[u] = __ldg(input + c + 32 * u);
-    }
+    for (int u = 0; u < kInFlight; ++u) w_chunk[u] = __ldcs(weights + c + 32 * u);
+  }
+  wait_for_prerequisite_grids();
+  while (full) {
+    uint4 x_chunk[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) x_chunk[u] = __ldg(input + c + 32 * u);
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) sum += dot8(w_chunk[u], x_chunk[u]);
+    c += 32 * kInFlight;
+    full = c + 32 * (kInFlight - 1) < chunks;
+    if (full) {
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) w_chunk[u] = __ldcs(weights + c + 32 * u);
+    }
   }
   for (; c < chunks; c += 32) sum += dot8(__ldcs(weights + c), __ldg(input + c));
   for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
@@ -276,6 +306,25 @@ bool gemv_fits(const bf16* x, int64_t in, const bf16* w) {
 }
 
 constexpr int kGemvThreads = 256;
+
+// Launches a single-token product with the programmatic-serialization attribute (see
+// allow_dependent_launch).
+template <typename Out, bool kAccumulate>
+void launch_gemv(const bf16* x, const bf16* w, int64_t in, int64_t out, Out* y,
+                 cudaStream_t stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>((out + kGemvThreads / 32 - 1) / (kGemvThreads / 32)));
+  config.blockDim = dim3(kGemvThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  check(cudaLaunchKernelEx(&config, gemv_kernel<Out, kAccumulate>, x, w, in, out, y),
+        "gemv launch");
+}
 
 constexpr int kThreads = 256;
 
@@ -367,10 +416,7 @@ void Blas::linear(const bf16* x, int64_t tokens, int64_t in, const bf16* w, int6
   if (tokens == 0) return;
   if (y_stride == 0) y_stride = out;
   if (tokens == 1 && gemv_ && gemv_fits(x, in, w)) {
-    const unsigned blocks =
-        static_cast<unsigned>((out + kGemvThreads / 32 - 1) / (kGemvThreads / 32));
-    gemv_kernel<bf16, false><<<blocks, kGemvThreads, 0, stream_>>>(x, w, in, out, y);
-    check_launch("gemv");
+    launch_gemv<bf16, false>(x, w, in, out, y, stream_);
     return;
   }
   run(plan_for(tokens, in, out, y_stride, false), x, w, y, false);
@@ -381,14 +427,11 @@ void Blas::linear(const bf16* x, int64_t tokens, int64_t in, const bf16* w, int6
   if (tokens == 0) return;
   if (y_stride == 0) y_stride = out;
   if (tokens == 1 && gemv_ && gemv_fits(x, in, w)) {
-    const unsigned blocks =
-        static_cast<unsigned>((out + kGemvThreads / 32 - 1) / (kGemvThreads / 32));
     if (accumulate) {
-      gemv_kernel<float, true><<<blocks, kGemvThreads, 0, stream_>>>(x, w, in, out, y);
+      launch_gemv<float, true>(x, w, in, out, y, stream_);
     } else {
-      gemv_kernel<float, false><<<blocks, kGemvThreads, 0, stream_>>>(x, w, in, out, y);
+      launch_gemv<float, false>(x, w, in, out, y, stream_);
     }
-    check_launch("gemv");
     return;
   }
   run(plan_for(tokens, in, out, y_stride, true), x, w, y, accumulate);

@@ -245,6 +245,8 @@ struct CudaTransformer::State {
   DeviceBuffer<unsigned long long> key_counters;  // keys read, keys dense (device)
   DeviceBuffer<float> ragged_workspace;
   CudaAttentionWork work;
+  bool record_plans = false;
+  std::vector<LayerPrefillPlan> plans;
   std::vector<Layer> layers;
   DeviceBuffer<bf16> embedding, lm_head;  // lm_head empty when tied
   DeviceBuffer<float> final_norm;
@@ -720,6 +722,7 @@ struct CudaTransformer::State {
         estimator ? layer_major_chunk(chunk, attention.prefill_params.block_size) : chunk;
     const double dense_keys_per_layer = static_cast<double>(config.num_kv_heads) * n * (n + 1) / 2;
     EventTimer estimate_timer, attention_timer;
+    plans.clear();
     if (estimator)
       check(cudaMemsetAsync(key_counters.data(), 0, 2 * sizeof(unsigned long long), stream),
             "counters");
@@ -759,6 +762,7 @@ struct CudaTransformer::State {
         estimate_timer.start(stream);
         const DevicePrefillPlan plan = estimator->estimate(prompt_q.data(), w.q, n, index, stream);
         estimate_timer.stop(stream);
+        if (record_plans) plans.push_back(estimator->download_last(stream));
         if (plan.dense) {
           host_keys += static_cast<int64_t>(dense_keys_per_layer);
         } else {
@@ -1008,5 +1012,9 @@ const ModelConfig& CudaTransformer::config() const { return state_->config; }
 const GpuMemoryPlan& CudaTransformer::memory_plan() const { return state_->plan; }
 const CudaAttentionWork& CudaTransformer::attention_work() const { return state_->work; }
 size_t CudaTransformer::kv_cache_bytes() const { return state_->cache_bytes(); }
+void CudaTransformer::set_record_plans(bool record) { state_->record_plans = record; }
+const std::vector<LayerPrefillPlan>& CudaTransformer::recorded_plans() const {
+  return state_->plans;
+}
 
 }  // namespace entropyinfer::cuda

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attention/attention_config.h"
+#include "attention/prefill_plan.h"
 #include "model/model_config.h"
 #include "model/model_weights.h"
 
@@ -87,6 +88,11 @@ class CudaTransformer {
   const ModelConfig& config() const;
   const GpuMemoryPlan& memory_plan() const;
   const CudaAttentionWork& attention_work() const;
+
+  // Keep every layer's prefill plan of the next layer-major prefill (each read back from the GPU
+  // as it is made, so this costs a synchronisation per layer: for tests and inspection).
+  void set_record_plans(bool record);
+  const std::vector<LayerPrefillPlan>& recorded_plans() const;
   size_t kv_cache_bytes() const;  // allocated now (it shrinks when the cache is compressed)
 
   // What a model of `config` needs with `options`; construction throws Error (naming the bytes

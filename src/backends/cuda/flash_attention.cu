@@ -310,6 +310,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 // One block per (token, query head), one thread per output element:
 // out = sum_s 2^(lse_s - max) * O_s / sum_s 2^(lse_s - max).
 __global__ void merge_splits_kernel(const FlashParams p, int head_dim) {
+  detail::allow_dependent_launch();
   extern __shared__ float weights[];  // [splits]
   __shared__ float total;
   const int64_t row = blockIdx.x;

@@ -61,6 +61,15 @@ bool wgmma_kernel_compiled();
 // ------------------------------------------------------------------------------------------------
 // Device helpers
 
+// Lets a kernel launched after this one with programmatic serialization (the single-token
+// products, cuda_ops.cu) start now; that kernel still waits for this one to finish before it reads
+// what this one writes. A no-op when no such kernel follows.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ uint32_t shared_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }

@@ -246,6 +246,7 @@ __global__ void __launch_bounds__(32) ragged_decode_kernel(const RaggedParams p)
 // - max), zeros when every split was empty (an empty cache).
 __global__ void ragged_merge_kernel(const float* partial_out, const float* partial_lse, int splits,
                                     int q_heads, int head_dim, bf16* out) {
+  detail::allow_dependent_launch();
   extern __shared__ float weights[];  // [splits]
   __shared__ float total;
   const int head = blockIdx.x;
