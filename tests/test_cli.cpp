@@ -100,6 +100,19 @@ TEST(Cli, MissingPromptFileAndMissingTokenizerAreErrors) {
                "/nonexistent/tokenizer.json");
 }
 
+TEST(Cli, BenchDeviceAndMethodErrorsAreClear) {
+  // This build may or may not have the CUDA backend; either way the CPU test machine has no GPU.
+  const CommandResult cuda =
+      run_cli("bench --device cuda --random-model llama-100m -p 64 --methods full");
+  EXPECT_EQ(cuda.exit_code, 1) << cuda.err;
+  EXPECT_TRUE(cuda.err.find("no CUDA backend") != std::string::npos ||
+              cuda.err.find("no CUDA device") != std::string::npos)
+      << cuda.err;
+  expect_error(run_cli("bench --device tpu --random-model llama-100m -p 64"), "--device");
+  expect_error(run_cli("bench --random-model llama-100m -p 64 --methods entropy"), "--methods");
+  expect_error(run_cli("bench --random-model no-such-shape -p 64"), "no-such-shape");
+}
+
 TEST(Cli, TokenizePrintsIds) {
   ENTROPYINFER_REQUIRE_ASSET("stories260K/tok512.bin");
   const CommandResult result =
