@@ -51,8 +51,15 @@ import tasks  # noqa: E402
 
 BOS_TOKEN = "<|begin_of_text|>"
 EOS_TOKEN = "<|end_of_text|>"
-FRESH_CURRICULUM = "256:0.10:128,1024:0.12:48,4096:0.18:16,8192:0.18:8,16384:0.30:4,32768:0.12:2"
-CONTINUATION_CURRICULUM = "4096:0.15:16,16384:0.55:4,32768:0.30:2"
+# LENGTH:FRACTION:BATCH[:MIX[:GATE]]. MIX names a training mixture of tasks.py (default "all");
+# GATE: the stage is extended (by at most GATE_MAX_EXTENSION of the schedule) until the answer
+# accuracy of the last log window reaches it. Round 1 (all seven families from step 0, the 256-token
+# stage 10% long) never learnt to copy: the model must learn single-token retrieval on short
+# sequences full of needles ("copy") before anything else, and must not leave them before it has.
+FRESH_CURRICULUM = ("256:0.05:128:one:0.5,256:0.10:128:copy:0.5,1024:0.12:48:niah,4096:0.16:16:niah,8192:0.16:8:all,"
+                    "16384:0.29:4:all,32768:0.12:2:all")
+CONTINUATION_CURRICULUM = "4096:0.15:16:niah,16384:0.55:4:all,32768:0.30:2:all"
+GATE_MAX_EXTENSION = 0.15
 MAX_MODEL_MB = 50.0
 # Answer-word tokens carry their task family in the kind: ANSWER_WORD_BASE + family index, so the
 # log can show what each family has learnt.
@@ -122,8 +129,14 @@ def parse_args():
 def parse_curriculum(text):
     stages = []
     for part in text.split(","):
-        length, fraction, batch = part.split(":")
-        stages.append({"length": int(length), "fraction": float(fraction), "batch": int(batch)})
+        fields = part.split(":")
+        if not 3 <= len(fields) <= 5:
+            raise ValueError(f"curriculum stage {part!r}: expected LENGTH:FRACTION:BATCH[:MIX[:GATE]]")
+        mix = fields[3] if len(fields) > 3 and fields[3] else "all"
+        if mix not in tasks.TRAIN_MIXES:
+            raise ValueError(f"curriculum stage {part!r}: unknown mixture {mix!r} (known: {', '.join(tasks.TRAIN_MIXES)})")
+        stages.append({"length": int(fields[0]), "fraction": float(fields[1]), "batch": int(fields[2]), "mix": mix,
+                       "gate": float(fields[4]) if len(fields) > 4 else None})
     total = sum(s["fraction"] for s in stages)
     end = 0.0
     for s in stages:
@@ -510,7 +523,7 @@ def _resources(state, spec, which):
     return state["resources"][which]
 
 
-def make_batch(spec, length, batch, seed):
+def make_batch(spec, length, batch, seed, mix="all"):
     """`batch` training sequences of exactly `length` tokens: BOS, the sample, EOS, then padding
     (ignored by the loss). kinds: 0 ignore, 1 text, 3 answer form (tasks.py), and
     ANSWER_WORD_BASE + family index for answer words."""
@@ -526,7 +539,7 @@ def make_batch(spec, length, batch, seed):
     kinds = np.zeros((batch, length), dtype=np.int8)
     stats = {"mismatch": 0, "overflow": 0, "families": {}}
     for b in range(batch):
-        sample = tasks.training_sample(rng, length, res, measure)
+        sample = tasks.training_sample(rng, length, res, measure, mix)
         row, row_kinds = [state["bos"]], [0]
         answer_kind = ANSWER_WORD_BASE + FAMILIES.index(sample.task)
         for text, kind in sample.segments:
@@ -579,10 +592,10 @@ class BatchQueue:
         self.pool, self.spec, self.depth, self.seed = pool, spec, depth, seed
         self.pending = collections.deque()
 
-    def fill(self, length, batch):
+    def fill(self, length, batch, mix="all"):
         while len(self.pending) < self.depth:
             self.seed += 1
-            job = self.pool.apply_async(make_batch, (self.spec, length, batch, self.seed))
+            job = self.pool.apply_async(make_batch, (self.spec, length, batch, self.seed, mix))
             self.pending.append(job)
 
     def get(self, timeout):
@@ -605,6 +618,26 @@ def stage_at(stages, fraction):
         if fraction < stage["end"]:
             return stage
     return stages[-1]
+
+
+def gated_stage(stages, fraction, current, accuracy):
+    """The stage to train now. A stage with a gate is kept past its end (by at most
+    GATE_MAX_EXTENSION) while `accuracy` (answer accuracy of the last log window in that stage,
+    None before the first) is below the gate; leaving late squeezes the later stages into the
+    rest of the schedule, in their proportions (their ends are rewritten in `stages`)."""
+    stage = stage_at(stages, fraction)
+    gate = None if current is None else current.get("gate")
+    if stage is current or gate is None or current not in stages:
+        return stage
+    if fraction < current["end"] + GATE_MAX_EXTENSION and (accuracy is None or accuracy < gate):
+        return current
+    if fraction > current["end"]:
+        index = stages.index(current)
+        old_end = current["end"]
+        for later in stages[index + 1 : -1]:
+            later["end"] = fraction + (later["end"] - old_end) * (1 - fraction) / max(1e-9, 1 - old_end)
+        current["end"] = fraction
+    return stage_at(stages, fraction)
 
 
 def make_optimizer(model, schedule, device):
@@ -709,6 +742,7 @@ def train(model, args, schedule, state, queue, model_dir, out, token_ids, dtype_
     window = collections.defaultdict(float)
     window_gpu = None
     current_length = None
+    current_stage, stage_accuracy, stage_start_step = None, None, 0
     mismatches = 0
     summary = {"stages": {}}
     while True:
@@ -717,8 +751,13 @@ def train(model, args, schedule, state, queue, model_dir, out, token_ids, dtype_
         fraction = elapsed / schedule["seconds"]
         if fraction >= 1.0 or now >= train_deadline:
             break
-        stage = stage_at(stages, fraction)
-        queue.fill(stage["length"], stage["batch"])
+        stage = gated_stage(stages, fraction, current_stage, stage_accuracy)
+        if stage is not current_stage:
+            if current_stage is not None and current_stage.get("gate") is not None:
+                log(f"leaving the {current_stage['length']}-token {current_stage.get('mix')} stage at schedule {100 * fraction:.0f}% "
+                    f"(answer accuracy {stage_accuracy}, gate {current_stage['gate']})")
+            current_stage, stage_accuracy, stage_start_step = stage, None, state["schedule_step"]
+        queue.fill(stage["length"], stage["batch"], stage.get("mix", "all"))
         wait_start = time.time()
         ids_np, kinds_np, stats = queue.get(timeout=max(10.0, train_deadline - wait_start))
         window["wait"] += time.time() - wait_start
@@ -765,6 +804,9 @@ def train(model, args, schedule, state, queue, model_dir, out, token_ids, dtype_
             }
             by_family = " ".join(f"{short} {c / n:.2f}" for short, c, n in zip(FAMILY_SHORT, family_correct, family_count) if n)
             summary["stages"][str(length)] = record
+            # Only windows of this stage's own batches (the queue still held the previous stage's).
+            if answer_count >= 50 and state["schedule_step"] - stage_start_step >= window["steps"] + queue.depth:
+                stage_accuracy = record["answer_accuracy"]
             log(
                 f"step {state['total_steps']:6d} | len {length:5d} x{ids_np.shape[0]:<3d} | lr {lr:.2e} | "
                 f"lm {record['lm_loss']:.3f} | ans {record['answer_loss']:.3f} | acc {record['answer_accuracy']:.3f} "
@@ -1131,7 +1173,9 @@ def run(args, out, work, out_model, text_dir, ruler_dir, pool, eval_pool):
     state["schedule"] = schedule
     state["finished"] = False
     state["train_seconds_before_call"] = state["total_train_seconds"]
-    log("curriculum: " + ", ".join(f"{s['length']} x{s['batch']} until {100 * s['end']:.0f}%" for s in schedule["stages"])
+    log("curriculum: " + ", ".join(f"{s['length']} x{s['batch']} {s.get('mix', 'all')}"
+                                   + (f" (gate {s['gate']})" if s.get("gate") is not None else "")
+                                   + f" until {100 * s['end']:.0f}%" for s in schedule["stages"])
         + f"; lr {schedule['lr']:.1e}, {schedule['seconds']:.0f} s")
 
     results_path = os.path.join(out, "eval.json")
