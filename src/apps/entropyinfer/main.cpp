@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   entropyinfer::cli::register_bench(app);
   entropyinfer::cli::register_inspect(app);
   entropyinfer::cli::register_bench_work(app);
+  entropyinfer::cli::register_eval(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

@@ -1,0 +1,689 @@
+// `entropyinfer eval`: RULER-style accuracy of every attention method at matched budgets. Builds
+// the synthetic tasks of training/TASKS.md from a seed (src/eval/ruler_tasks.h), generates greedily
+// under each method and budget level, scores as RULER does, and writes a markdown report (stdout
+// and --markdown), JSON and SVG plots (src/eval/eval_report.h).
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "apps/entropyinfer/attention_options.h"
+#include "apps/entropyinfer/bench_cuda.h"
+#include "apps/entropyinfer/cli_common.h"
+#include "apps/entropyinfer/commands.h"
+#include "core/error.h"
+#include "engine/transformer.h"
+#include "eval/eval_report.h"
+#include "eval/ruler_tasks.h"
+
+#ifdef ENTROPYINFER_WITH_CUDA
+#include "backends/cuda/cuda_common.h"
+#include "backends/cuda/cuda_transformer.h"
+#endif
+
+namespace entropyinfer::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct EvalArgs {
+  std::string model;
+  std::vector<std::string> tasks = {"all"};
+  std::vector<std::string> lengths = {"4096", "8192", "16384", "32768"};
+  int samples = 20;
+  uint64_t seed = 0;
+  std::vector<std::string> methods = {"full",        "entropy+latent", "critiprefill+full",
+                                      "full+snapkv", "full+adakv",     "full+streaming"};
+  std::vector<std::string> budgets = {"512", "1024", "2048"};
+  std::string words = "all";
+  std::string device = "cpu";
+  std::string text_dir;
+  std::string json_path;
+  std::string markdown_path;
+  std::string plots_dir;
+  int threads = 0;
+  int chunk_tokens = 8192;
+  AttentionOptions attention;
+};
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string format_duration(double seconds) {
+  const long long total = static_cast<long long>(seconds + 0.5);
+  char text[32];
+  if (total >= 3600) {
+    std::snprintf(text, sizeof(text), "%lldh%02lldm", total / 3600, total % 3600 / 60);
+  } else if (total >= 60) {
+    std::snprintf(text, sizeof(text), "%lldm%02llds", total / 60, total % 60);
+  } else {
+    std::snprintf(text, sizeof(text), "%llds", total);
+  }
+  return text;
+}
+
+// "4096" or "4k" -> 4096; anything else is an Error naming the flag.
+int parse_token_count(const std::string& flag, const std::string& text) {
+  std::string digits = text;
+  int scale = 1;
+  if (!digits.empty() && (digits.back() == 'k' || digits.back() == 'K')) {
+    digits.pop_back();
+    scale = 1024;
+  }
+  size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(digits, &used);
+  } catch (const std::logic_error&) {
+    used = 0;
+  }
+  if (digits.empty() || used != digits.size() || value < 1 || value * scale > (1 << 30)) {
+    throw Error(flag + ": '" + text + "' is not a positive number of tokens (e.g. 4096 or 4k)");
+  }
+  return static_cast<int>(value * scale);
+}
+
+std::vector<int> parse_token_counts(const std::string& flag, const std::vector<std::string>& list) {
+  if (list.empty()) throw Error(flag + ": give at least one value");
+  std::vector<int> values;
+  for (const std::string& text : list) values.push_back(parse_token_count(flag, text));
+  std::sort(values.begin(), values.end());
+  if (std::adjacent_find(values.begin(), values.end()) != values.end()) {
+    throw Error(flag + ": a value is given twice");
+  }
+  return values;
+}
+
+std::vector<eval::RulerTask> parse_tasks(const std::vector<std::string>& names) {
+  if (names.empty()) throw Error("--tasks: give at least one task (or all)");
+  if (names.size() == 1 && names[0] == "all") return eval::all_ruler_tasks();
+  std::vector<eval::RulerTask> tasks;
+  for (const std::string& name : names) {
+    if (name == "all") throw Error("--tasks: 'all' cannot be combined with named tasks");
+    const eval::RulerTask task = eval::parse_ruler_task(name);
+    if (std::find(tasks.begin(), tasks.end(), task) != tasks.end()) {
+      throw Error("--tasks: '" + name + "' is given twice");
+    }
+    tasks.push_back(task);
+  }
+  return tasks;
+}
+
+bool has_budget(const AttentionConfig& config) {
+  return config.prefill != PrefillMethod::kFull || config.decode != DecodeMethod::kFull;
+}
+
+// Matched budgets: at level B every method keeps B tokens per KV head (see budget_notes).
+AttentionConfig at_budget_level(AttentionConfig config, int budget, bool scale_threshold) {
+  config.prefill_params.base_budget = budget;
+  config.prefill_params.critiprefill_budget = budget;
+  config.decode_params.budget = budget;
+  if (scale_threshold) config.prefill_params.sparse_threshold = budget;
+  return config;
+}
+
+std::string budget_notes(bool scale_threshold, int fixed_threshold) {
+  std::ostringstream text;
+  text << "Budgets are matched: at level B every method is given B tokens per KV head. "
+          "EntropyInfer's prefill base_budget is B (its per-head, per-segment budgets then range "
+          "over [B, budget_cap_factor x B] as the method allocates them), CritiPrefill's fixed "
+          "critiprefill_budget is B, and the decode cache budget K (latent, SnapKV, AdaKV, "
+          "StreamingLLM, PyramidKV) is B. ";
+  if (scale_threshold) {
+    text << "Sparse prefill segments start at sparse_threshold = B (the released 4096 with base "
+            "budget 2048 would leave every 4k prompt dense, and a segment starting before B holds "
+            "about B keys anyway). ";
+  } else {
+    text << "sparse_threshold is fixed at " << fixed_threshold << " as given. ";
+  }
+  text << "Full attention has no budget: it runs once and stands at every level. Generation is "
+          "greedy, at most the task's G tokens, stopping at EOS only (training/TASKS.md section 7); "
+          "a sample scores the fraction of its answer words found (RULER's string_match_all on "
+          "whole words) and a cell is the mean times 100.";
+  return text.str();
+}
+
+// The parameters a method actually uses, on one line.
+std::string describe_config(const AttentionConfig& config) {
+  const PrefillParams& p = config.prefill_params;
+  const DecodeParams& d = config.decode_params;
+  std::ostringstream text;
+  text << "prefill " << prefill_method_name(config.prefill);
+  if (config.prefill != PrefillMethod::kFull) {
+    text << " (S " << p.segment_size << ", b " << p.block_size << ", sparse from "
+         << p.sparse_threshold << ", dense layers " << p.dense_layers;
+    if (config.prefill == PrefillMethod::kEntropy) {
+      text << ", base budget " << p.base_budget << " cap " << p.budget_cap_factor << "x, e_t "
+           << p.entropy_threshold << ", delta " << p.delta << ", alpha " << p.alpha
+           << (p.share_segment_budget ? ", shared segment budget" : "");
+    } else {
+      text << ", budget " << p.critiprefill_budget;
+    }
+    text << ")";
+  }
+  text << " | decode " << decode_method_name(config.decode);
+  switch (config.decode) {
+    case DecodeMethod::kFull:
+      break;
+    case DecodeMethod::kStreamingLLM:
+      text << " (K " << d.budget << ", sinks " << d.sink_tokens << ")";
+      break;
+    default:
+      text << " (K " << d.budget << ", W " << d.window;
+      if (config.decode == DecodeMethod::kLatent) text << ", G " << d.gap;
+      if (config.decode == DecodeMethod::kAdaKV) text << ", floor " << d.adakv_floor;
+      if (config.decode == DecodeMethod::kPyramidKV) text << ", beta " << d.pyramid_beta;
+      text << ", pool " << d.pool_kernel << ", "
+           << (d.aggregation == GroupAggregation::kMax ? "max" : "mean") << " over the group"
+           << (d.per_query_head ? ", per query head" : "") << ")";
+      break;
+  }
+  return text.str();
+}
+
+struct PlannedRun {
+  std::string method;
+  int budget = 0;  // 0: no budget (full attention)
+  AttentionConfig config;
+};
+
+// Where the long texts are when --text-dir is not given: a shared/assets/text folder in the
+// current directory or the executable's, or in one of their parents (the assets live beside the
+// checkout, at ../shared/assets).
+std::string find_text_dir(const std::string& given) {
+  if (!given.empty()) return given;
+  std::vector<fs::path> starts = {fs::current_path()};
+  std::error_code error;
+  const fs::path executable = fs::read_symlink("/proc/self/exe", error);
+  if (!error) starts.push_back(executable.parent_path());
+  for (fs::path folder : starts) {
+    while (true) {
+      const fs::path candidate = folder / "shared" / "assets" / "text";
+      if (fs::is_directory(candidate)) return candidate.string();
+      if (folder == folder.parent_path() || folder.empty()) break;
+      folder = folder.parent_path();
+    }
+  }
+  throw Error(
+      "no shared/assets/text folder found above the current directory or the executable: pass "
+      "--text-dir (the folder holding janeausten/persuasion.txt)");
+}
+
+std::string command_line() {
+  std::ifstream file("/proc/self/cmdline", std::ios::binary);
+  std::ostringstream bytes;
+  bytes << file.rdbuf();
+  std::string text;
+  std::string argument;
+  std::istringstream stream(bytes.str());
+  bool first = true;
+  while (std::getline(stream, argument, '\0')) {
+    if (first) {
+      argument = "entropyinfer";
+      first = false;
+    }
+    const bool plain = !argument.empty() && argument.find_first_of(" \t'\"$\\*?;&|<>()") ==
+                                                std::string::npos;
+    text += (text.empty() ? "" : " ") + (plain ? argument : "'" + argument + "'");
+  }
+  return text.empty() ? "entropyinfer eval" : text;
+}
+
+std::string utc_date() {
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return date;
+}
+
+// --- Greedy generation on either backend ---------------------------------------------------
+
+struct WorkFractions {
+  double prefill_keys = 1.0;
+  double cache_kept = 1.0;
+};
+
+class GreedyModel {
+ public:
+  virtual ~GreedyModel() = default;
+  virtual void set_attention(const AttentionConfig& config) = 0;
+  // Forgets the sequence and runs the prompt; returns the greedy next token.
+  virtual int32_t prefill(std::span<const int32_t> prompt) = 0;
+  virtual int32_t step(int32_t token) = 0;
+  virtual WorkFractions work() const = 0;
+};
+
+template <typename Work>
+WorkFractions fractions_of(const Work& work) {
+  WorkFractions fractions;
+  if (work.prefill_keys_dense > 0) {
+    fractions.prefill_keys =
+        static_cast<double>(work.prefill_keys_read) / static_cast<double>(work.prefill_keys_dense);
+  }
+  if (work.compressed && work.cache_entries_before > 0) {
+    fractions.cache_kept = static_cast<double>(work.cache_entries_after) /
+                           static_cast<double>(work.cache_entries_before);
+  }
+  return fractions;
+}
+
+int32_t argmax(const std::vector<float>& logits) {
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+class CpuGreedyModel : public GreedyModel {
+ public:
+  CpuGreedyModel(const ModelWeights& weights, int context) : weights_(weights), context_(context) {}
+  void set_attention(const AttentionConfig& config) override {
+    model_ = std::make_unique<Transformer>(weights_, context_, config);
+  }
+  int32_t prefill(std::span<const int32_t> prompt) override {
+    model_->reset();
+    return argmax(model_->forward(prompt));
+  }
+  int32_t step(int32_t token) override {
+    return argmax(model_->forward(std::span<const int32_t>(&token, 1)));
+  }
+  WorkFractions work() const override { return fractions_of(model_->attention_work()); }
+
+ private:
+  const ModelWeights& weights_;
+  int context_;
+  std::unique_ptr<Transformer> model_;
+};
+
+#ifdef ENTROPYINFER_WITH_CUDA
+class CudaGreedyModel : public GreedyModel {
+ public:
+  CudaGreedyModel(const ModelWeights& weights, const cuda::CudaModelOptions& options)
+      : model_(weights, options) {}
+  void set_attention(const AttentionConfig& config) override { model_.set_attention(config); }
+  int32_t prefill(std::span<const int32_t> prompt) override {
+    model_.reset();
+    return model_.forward_greedy(prompt);
+  }
+  int32_t step(int32_t token) override {
+    return model_.forward_greedy(std::span<const int32_t>(&token, 1));
+  }
+  WorkFractions work() const override { return fractions_of(model_.attention_work()); }
+  const cuda::CudaTransformer& model() const { return model_; }
+
+ private:
+  cuda::CudaTransformer model_;
+};
+#endif
+
+// --- Progress on stderr ------------------------------------------------------------------------
+
+// N/M samples with the time spent and left. A terminal gets one line updated in place after every
+// sample; a log gets one line per finished (run, task, length) cell. The estimate weighs samples
+// by their prompt tokens, since long prompts dominate.
+class EvalProgress {
+ public:
+  EvalProgress(int64_t total_samples, int64_t total_tokens)
+      : total_samples_(total_samples),
+        total_tokens_(total_tokens),
+        terminal_(isatty(STDERR_FILENO) != 0),
+        start_(Clock::now()) {}
+
+  void sample_done(int64_t tokens, const std::string& where) {
+    ++done_samples_;
+    done_tokens_ += tokens;
+    if (terminal_) {
+      std::fprintf(stderr, "\r\033[K%s", status(where).c_str());
+      std::fflush(stderr);
+      in_place_ = true;
+    }
+  }
+  void cell_done(const std::string& where) {
+    if (!terminal_) std::fprintf(stderr, "%s\n", status(where).c_str());
+  }
+  // A line of its own (the in-place line is cleared first).
+  void message(const std::string& text) {
+    if (in_place_) std::fprintf(stderr, "\r\033[K");
+    in_place_ = false;
+    std::fprintf(stderr, "%s\n", text.c_str());
+    std::fflush(stderr);
+  }
+  void finish() {
+    if (in_place_) std::fprintf(stderr, "\n");
+    in_place_ = false;
+  }
+  double elapsed() const { return seconds_since(start_); }
+
+ private:
+  std::string status(const std::string& where) const {
+    const double seconds = elapsed();
+    const double left =
+        done_tokens_ > 0 ? seconds * static_cast<double>(total_tokens_ - done_tokens_) /
+                               static_cast<double>(done_tokens_)
+                         : 0.0;
+    char text[512];
+    std::snprintf(text, sizeof(text), "eval: %lld/%lld samples | %s | %s elapsed, ETA %s",
+                  static_cast<long long>(done_samples_), static_cast<long long>(total_samples_),
+                  where.c_str(), format_duration(seconds).c_str(), format_duration(left).c_str());
+    return text;
+  }
+
+  int64_t total_samples_, total_tokens_;
+  int64_t done_samples_ = 0, done_tokens_ = 0;
+  bool terminal_;
+  bool in_place_ = false;
+  Clock::time_point start_;
+};
+
+struct PreparedSample {
+  eval::RulerSample sample;
+  std::vector<int32_t> ids;  // BOS + the prompt
+};
+
+void run_eval(const EvalArgs& args, CLI::App* command) {
+  // Everything the flags can get wrong is checked before the model loads.
+  if (args.device != "cpu" && args.device != "cuda") {
+    throw Error("--device must be cpu or cuda, not '" + args.device + "'");
+  }
+#ifndef ENTROPYINFER_WITH_CUDA
+  if (args.device == "cuda") {
+    throw Error(
+        "--device cuda: this build has no CUDA backend (configure with -DENTROPYINFER_CUDA=ON)");
+  }
+#endif
+  const std::vector<eval::RulerTask> tasks = parse_tasks(args.tasks);
+  const std::vector<int> lengths = parse_token_counts("--lengths", args.lengths);
+  const std::vector<int> budgets = parse_token_counts("--budgets", args.budgets);
+  if (args.samples < 1) throw Error("--samples must be >= 1");
+  if (args.chunk_tokens < 1) throw Error("--chunk must be >= 1");
+  const eval::RulerWordSet words = eval::parse_ruler_word_set(args.words);
+  for (const char* flag : {"--base-budget", "--critiprefill-budget", "--decode-budget"}) {
+    if (command->get_option(flag)->count() > 0) {
+      throw Error(std::string(flag) +
+                  ": eval gives every method the same budget; set the levels with --budgets");
+    }
+  }
+  const AttentionConfig base = args.attention.resolve();
+  // sparse_threshold follows the budget level unless the user set it.
+  bool threshold_given = command->get_option("--sparse-threshold")->count() > 0;
+  if (const CLI::Option* file = command->get_option("--attention-config"); file->count() > 0) {
+    std::ifstream stream(file->as<std::string>());
+    const nlohmann::json json = nlohmann::json::parse(stream, nullptr, false);
+    threshold_given = threshold_given || (json.is_object() && (json.contains("sparse_threshold") ||
+                                                               (json.contains("prefill_params") &&
+                                                                json["prefill_params"].is_object() &&
+                                                                json["prefill_params"].contains(
+                                                                    "sparse_threshold"))));
+  }
+  if (args.methods.empty()) throw Error("--methods: give at least one method");
+  std::vector<PlannedRun> runs;
+  std::set<std::string> seen_methods;
+  for (const std::string& method : args.methods) {
+    if (!seen_methods.insert(method).second) {
+      throw Error("--methods: '" + method + "' is given twice");
+    }
+    AttentionConfig config;
+    try {
+      config = parse_method(method, base);
+    } catch (const Error& error) {
+      throw Error("--methods: '" + method + "': " + error.what());
+    }
+    if (!has_budget(config)) {
+      runs.push_back({method, 0, config});
+      continue;
+    }
+    for (int budget : budgets) {
+      const AttentionConfig level = at_budget_level(config, budget, !threshold_given);
+      try {
+        level.validate();
+      } catch (const Error& error) {
+        throw Error("--budgets " + std::to_string(budget) + " with '" + method +
+                    "': " + error.what());
+      }
+      runs.push_back({method, budget, level});
+    }
+  }
+  if (args.model.empty()) throw Error("--model: give the model folder");
+  if (!fs::is_directory(args.model)) {
+    throw Error("model folder '" + args.model +
+                "' does not exist (eval needs a Hugging Face folder with task_words.json)");
+  }
+  const std::string text_dir = find_text_dir(args.text_dir);
+  if (args.threads > 0) omp_set_num_threads(args.threads);
+
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(args.model);
+  const eval::RulerSources sources = eval::load_ruler_sources(args.model, text_dir, words);
+  ModelWeights weights = load_model_with_progress(args.model);
+  const int longest = lengths.back();
+  if (longest > weights.config.max_position_embeddings) {
+    throw Error("--lengths: " + std::to_string(longest) + " tokens exceed the model's " +
+                std::to_string(weights.config.max_position_embeddings) + "-token context");
+  }
+  std::vector<int32_t> stop_ids(weights.config.eos_token_ids.begin(),
+                                weights.config.eos_token_ids.end());
+  for (int32_t id : tokenizer->eos_ids()) stop_ids.push_back(id);
+
+  // The samples, made once and fed to every run.
+  std::vector<PreparedSample> samples;
+  int64_t tokens_per_run = 0;
+  {
+    const auto start = Clock::now();
+    const std::optional<int32_t> bos = tokenizer->bos_id();
+    for (eval::RulerTask task : tasks) {
+      for (int length : lengths) {
+        std::fprintf(stderr, "\rpreparing samples: %s at %d tokens%s",
+                     eval::ruler_task_name(task).c_str(), length,
+                     isatty(STDERR_FILENO) ? "\033[K" : "\n");
+        std::fflush(stderr);
+        for (eval::RulerSample& sample : eval::make_ruler_samples(task, length, args.samples,
+                                                                  args.seed, *tokenizer, sources)) {
+          PreparedSample prepared;
+          if (bos) prepared.ids.push_back(*bos);
+          EncodeOptions encode;
+          encode.add_bos = false;
+          encode.parse_special = false;
+          for (int32_t id : tokenizer->encode(sample.prompt, encode)) prepared.ids.push_back(id);
+          tokens_per_run += static_cast<int64_t>(prepared.ids.size());
+          prepared.sample = std::move(sample);
+          samples.push_back(std::move(prepared));
+        }
+      }
+    }
+    std::fprintf(stderr, "\rprepared %zu samples in %.1f s%s\n", samples.size(),
+                 seconds_since(start), isatty(STDERR_FILENO) ? "\033[K" : "");
+  }
+
+  std::unique_ptr<GreedyModel> model;
+  std::string device_name = "cpu (" + std::to_string(omp_get_max_threads()) + " threads)";
+  if (args.device == "cuda") {
+#ifdef ENTROPYINFER_WITH_CUDA
+    if (cuda::device_count() == 0) throw Error("--device cuda: no CUDA device is present");
+    cuda::CudaModelOptions options;
+    options.context_length = longest;
+    options.chunk_tokens = args.chunk_tokens;
+    options.decode_room = 64;  // answers are at most a few dozen tokens
+    options.attention = runs.front().config;
+    std::fprintf(stderr, "uploading to the GPU...\n");
+    auto cuda_model = std::make_unique<CudaGreedyModel>(weights, options);
+    std::fprintf(stderr, "%s\n", cuda_model->model().memory_plan().describe().c_str());
+    model = std::move(cuda_model);
+    weights = ModelWeights{};  // the GPU holds its own copy
+    int device = 0;
+    cudaDeviceProp properties{};
+    cuda::check(cudaGetDevice(&device), "cudaGetDevice");
+    cuda::check(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+    device_name = std::string("cuda (") + properties.name + ")";
+#endif
+  } else {
+    model = std::make_unique<CpuGreedyModel>(weights, longest);
+  }
+
+  eval::EvalReport report;
+  report.date = utc_date();
+  report.command = command_line();
+  report.model = args.model;
+  report.device = device_name;
+  report.seed = args.seed;
+  report.samples_per_cell = args.samples;
+  for (eval::RulerTask task : tasks) report.tasks.push_back(eval::ruler_task_name(task));
+  report.lengths = lengths;
+  report.budgets = budgets;
+  report.methods = args.methods;
+  report.notes =
+      budget_notes(!threshold_given, runs.front().config.prefill_params.sparse_threshold);
+
+  std::fprintf(stderr, "%zu runs of %zu samples each (%d per task and length):\n", runs.size(),
+               samples.size(), args.samples);
+  for (const PlannedRun& run : runs) {
+    std::fprintf(stderr, "  %s%s: %s\n", run.method.c_str(),
+                 run.budget > 0 ? (" @ " + std::to_string(run.budget)).c_str() : " (no budget)",
+                 describe_config(run.config).c_str());
+  }
+
+  EvalProgress progress(static_cast<int64_t>(runs.size() * samples.size()),
+                        static_cast<int64_t>(runs.size()) * tokens_per_run);
+  for (const PlannedRun& planned : runs) {
+    const std::string run_label =
+        planned.method + (planned.budget > 0 ? " @" + std::to_string(planned.budget) : "");
+    model->set_attention(planned.config);
+    eval::EvalRun run;
+    run.method = planned.method;
+    run.budget = planned.budget;
+    run.attention = attention_config_to_json(planned.config);
+    const auto run_start = Clock::now();
+    for (size_t i = 0; i < samples.size(); ++i) {
+      const PreparedSample& prepared = samples[i];
+      const eval::RulerSample& sample = prepared.sample;
+      const auto start = Clock::now();
+      std::vector<int32_t> generated;
+      int32_t token = model->prefill(prepared.ids);
+      const WorkFractions after_prefill = model->work();
+      for (int step = 0; step < sample.max_new_tokens; ++step) {
+        if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) break;
+        generated.push_back(token);
+        if (step + 1 == sample.max_new_tokens) break;
+        token = model->step(token);
+      }
+      eval::EvalSampleResult result;
+      result.task = eval::ruler_task_name(sample.task);
+      result.length = sample.length;
+      result.index = sample.index;
+      result.prompt_tokens = static_cast<int>(prepared.ids.size());
+      result.answers = sample.answers;
+      result.prediction = tokenizer->decode(generated);
+      result.score = eval::ruler_score(sample.task, result.prediction, sample.answers);
+      result.seconds = seconds_since(start);
+      result.prefill_keys_fraction = after_prefill.prefill_keys;
+      result.cache_kept_fraction = model->work().cache_kept;
+      run.samples.push_back(std::move(result));
+
+      const std::string cell = result.task + " " + std::to_string(sample.length);
+      progress.sample_done(static_cast<int64_t>(prepared.ids.size()), run_label + " | " + cell);
+      const bool cell_ends = i + 1 == samples.size() || samples[i + 1].sample.task != sample.task ||
+                             samples[i + 1].sample.length != sample.length;
+      if (cell_ends) {
+        char accuracy[64];
+        std::snprintf(accuracy, sizeof(accuracy), ": %.1f%%",
+                      eval::cell_accuracy(run, run.samples.back().task, sample.length));
+        progress.cell_done(run_label + " | " + cell + accuracy);
+      }
+    }
+    run.seconds = seconds_since(run_start);
+    char line[256];
+    std::snprintf(line, sizeof(line), "%s: mean accuracy %.1f%% in %s", run_label.c_str(),
+                  eval::run_accuracy(report, run), format_duration(run.seconds).c_str());
+    report.runs.push_back(std::move(run));
+    progress.message(line);
+  }
+  progress.finish();
+
+  const std::string markdown = eval::eval_report_markdown(report);
+  std::printf("%s", markdown.c_str());
+  std::fflush(stdout);
+  if (!args.markdown_path.empty()) {
+    std::ofstream file(args.markdown_path);
+    if (!file) throw Error("cannot write '" + args.markdown_path + "'");
+    file << markdown;
+  }
+  if (!args.json_path.empty()) {
+    std::ofstream file(args.json_path);
+    if (!file) throw Error("cannot write '" + args.json_path + "'");
+    file << eval::eval_report_to_json(report).dump(2) << "\n";
+  }
+  if (!args.plots_dir.empty()) {
+    for (const std::string& path : eval::write_eval_plots(report, args.plots_dir)) {
+      std::fprintf(stderr, "wrote %s\n", path.c_str());
+    }
+  }
+  std::fprintf(stderr, "eval finished in %s; peak memory %.0f MiB\n",
+               format_duration(progress.elapsed()).c_str(), peak_resident_mib());
+}
+
+}  // namespace
+
+void register_eval(CLI::App& app) {
+  auto args = std::make_shared<EvalArgs>();
+  CLI::App* command = app.add_subcommand(
+      "eval",
+      "RULER-style accuracy of the attention methods at matched budgets (tasks of "
+      "training/TASKS.md)");
+  command
+      ->add_option("-m,--model", args->model,
+                   "Hugging Face model folder (with task_words.json, the tasks' word pools)")
+      ->required();
+  command
+      ->add_option("--tasks", args->tasks,
+                   "Tasks, or all: niah_single, niah_multikey, niah_multivalue, niah_multiquery, "
+                   "vt, cwe, fwe")
+      ->delimiter(',')
+      ->capture_default_str();
+  command->add_option("--lengths", args->lengths, "Prompt lengths in tokens (4096 or 4k)")
+      ->delimiter(',')
+      ->capture_default_str();
+  command->add_option("--samples", args->samples, "Samples per task and length")
+      ->capture_default_str();
+  command->add_option("--seed", args->seed, "Base seed of the samples (TASKS.md section 2)")
+      ->capture_default_str();
+  command
+      ->add_option("--methods", args->methods,
+                   "Attention methods, prefill[+decode] each (prefill: full, entropy, "
+                   "critiprefill; decode: full, latent, snapkv, adakv, streaming, pyramidkv)")
+      ->delimiter(',')
+      ->capture_default_str();
+  command
+      ->add_option("--budgets", args->budgets,
+                   "Budget levels, tokens per KV head, applied to every method at once: prefill "
+                   "base_budget and critiprefill_budget, decode budget K (and sparse_threshold "
+                   "unless --sparse-threshold is given)")
+      ->delimiter(',')
+      ->capture_default_str();
+  command
+      ->add_option("--words", args->words,
+                   "Word pools: all (the evaluation's) or heldout (words never seen in training)")
+      ->capture_default_str();
+  command->add_option("--device", args->device, "cpu or cuda (CUDA builds)")
+      ->capture_default_str();
+  command->add_option("--text-dir", args->text_dir,
+                      "Folder with janeausten/persuasion.txt, the haystack (default: "
+                      "shared/assets/text found above the current directory or the executable)");
+  command->add_option("--json", args->json_path, "Write every score and the configs as JSON");
+  command->add_option("--markdown", args->markdown_path, "Write the markdown report to this file");
+  command->add_option("--plots", args->plots_dir,
+                      "Write SVG plots into this folder: accuracy against length (one per budget "
+                      "level) and against budget");
+  command->add_option("--threads", args->threads, "CPU threads (default: OpenMP's)");
+  command->add_option("--chunk", args->chunk_tokens, "cuda: prompt tokens per matrix-product pass")
+      ->capture_default_str();
+  args->attention.add_to(command);
+  command->callback([args, command] { run_eval(*args, command); });
+}
+
+}  // namespace entropyinfer::cli

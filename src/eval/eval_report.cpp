@@ -1,0 +1,512 @@
+#include "eval/eval_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace entropyinfer::eval {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+double mean_skipping_nan(const std::vector<double>& values) {
+  double sum = 0.0;
+  int count = 0;
+  for (double value : values) {
+    if (std::isnan(value)) continue;
+    sum += value;
+    ++count;
+  }
+  return count > 0 ? sum / count : kNaN;
+}
+
+nlohmann::json number_or_null(double value) {
+  return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr);
+}
+
+std::string format_accuracy(double value) {
+  if (std::isnan(value)) return "-";
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f", value);
+  return text;
+}
+
+// 4096 -> "4k": lengths and budgets are usually multiples of 1024.
+std::string short_count(int value) {
+  if (value >= 1024 && value % 1024 == 0) return std::to_string(value / 1024) + "k";
+  return std::to_string(value);
+}
+
+std::string budget_label(const EvalRun& run) {
+  return run.budget > 0 ? std::to_string(run.budget) : "none (dense)";
+}
+
+std::string escape_xml(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else if (c == '&')
+      out += "&amp;";
+    else if (c == '"')
+      out += "&quot;";
+    else
+      out += c;
+  }
+  return out;
+}
+
+// Markdown table cells must not contain a bar.
+std::string escape_cell(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '|')
+      out += "\\|";
+    else
+      out += c;
+  }
+  return out;
+}
+
+// --- JSON reading with errors that name the field ---------------------------------------------
+
+const nlohmann::json& field(const nlohmann::json& object, const char* key, const char* where) {
+  if (!object.is_object() || !object.contains(key)) {
+    throw Error(std::string("eval report: ") + where + " has no field '" + key + "'");
+  }
+  return object.at(key);
+}
+
+template <typename T>
+T read(const nlohmann::json& object, const char* key, const char* where) {
+  const nlohmann::json& value = field(object, key, where);
+  try {
+    return value.get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw Error(std::string("eval report: ") + where + " field '" + key + "' has the wrong type");
+  }
+}
+
+// --- The line chart --------------------------------------------------------------------------
+
+struct Series {
+  std::string name;
+  std::vector<double> values;  // one per x position, NaN where there is no point
+  bool dashed = false;
+};
+
+struct LineChart {
+  std::string title;
+  std::string x_label;
+  std::string y_label;
+  std::vector<int> x_values;  // positive; drawn on a log2 scale (lengths and budgets double)
+  std::vector<Series> series;
+};
+
+const char* series_colour(size_t index) {
+  static const char* colours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                  "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"};
+  return colours[index % (sizeof(colours) / sizeof(colours[0]))];
+}
+
+std::string coordinate(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f", value);
+  return text;
+}
+
+std::string render_line_chart(const LineChart& chart) {
+  const double left = 70, top = 50, plot_width = 520, plot_height = 340, legend_width = 200;
+  const double width = left + plot_width + legend_width, height = top + plot_height + 60;
+  const double inset = 24;  // keeps the first and last points off the axes
+  double low = INFINITY, high = -INFINITY;
+  for (int x : chart.x_values) {
+    if (x <= 0) throw Error("line chart '" + chart.title + "': x values must be positive");
+    low = std::min(low, std::log2(static_cast<double>(x)));
+    high = std::max(high, std::log2(static_cast<double>(x)));
+  }
+  auto x_position = [&](size_t index) {
+    const double value = std::log2(static_cast<double>(chart.x_values[index]));
+    if (!(high > low)) return left + plot_width / 2;
+    return left + inset + (plot_width - 2 * inset) * (value - low) / (high - low);
+  };
+  auto y_position = [&](double accuracy) {
+    return top + plot_height * (1.0 - std::clamp(accuracy, 0.0, 100.0) / 100.0);
+  };
+
+  std::ostringstream svg;
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
+      << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  svg << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  svg << "<text class=\"title\" x=\"" << left << "\" y=\"28\" font-size=\"15\">"
+      << escape_xml(chart.title) << "</text>\n";
+  // Horizontal grid with the accuracy scale.
+  for (int tick = 0; tick <= 100; tick += 20) {
+    const std::string y = coordinate(y_position(tick));
+    svg << "<line x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << left + plot_width
+        << "\" y2=\"" << y << "\" stroke=\"#dddddd\"/>\n";
+    svg << "<text x=\"" << left - 6 << "\" y=\"" << coordinate(y_position(tick) + 4)
+        << "\" text-anchor=\"end\">" << tick << "</text>\n";
+  }
+  // Axes.
+  svg << "<line x1=\"" << left << "\" y1=\"" << top << "\" x2=\"" << left << "\" y2=\""
+      << top + plot_height << "\" stroke=\"black\"/>\n";
+  svg << "<line x1=\"" << left << "\" y1=\"" << top + plot_height << "\" x2=\""
+      << left + plot_width << "\" y2=\"" << top + plot_height << "\" stroke=\"black\"/>\n";
+  for (size_t i = 0; i < chart.x_values.size(); ++i) {
+    const std::string x = coordinate(x_position(i));
+    svg << "<line x1=\"" << x << "\" y1=\"" << top + plot_height << "\" x2=\"" << x << "\" y2=\""
+        << top + plot_height + 5 << "\" stroke=\"black\"/>\n";
+    svg << "<text x=\"" << x << "\" y=\"" << top + plot_height + 19
+        << "\" text-anchor=\"middle\">" << short_count(chart.x_values[i]) << "</text>\n";
+  }
+  svg << "<text class=\"x-label\" x=\"" << left + plot_width / 2 << "\" y=\""
+      << top + plot_height + 44 << "\" text-anchor=\"middle\">" << escape_xml(chart.x_label)
+      << "</text>\n";
+  svg << "<text class=\"y-label\" transform=\"translate(22," << top + plot_height / 2
+      << ") rotate(-90)\" text-anchor=\"middle\">" << escape_xml(chart.y_label) << "</text>\n";
+
+  for (size_t s = 0; s < chart.series.size(); ++s) {
+    const Series& series = chart.series[s];
+    const char* colour = series_colour(s);
+    const std::string dash = series.dashed ? " stroke-dasharray=\"7 4\"" : "";
+    // One polyline per series; x positions without a value are skipped (the line joins the
+    // points on either side), and a series with no value at all has an empty polyline.
+    std::ostringstream points;
+    for (size_t i = 0; i < series.values.size() && i < chart.x_values.size(); ++i) {
+      if (std::isnan(series.values[i])) continue;
+      points << (points.tellp() > 0 ? " " : "") << coordinate(x_position(i)) << ","
+             << coordinate(y_position(series.values[i]));
+    }
+    svg << "<polyline class=\"series\" data-name=\"" << escape_xml(series.name)
+        << "\" fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"2\"" << dash
+        << " points=\"" << points.str() << "\"><title>" << escape_xml(series.name)
+        << "</title></polyline>\n";
+    for (size_t i = 0; i < series.values.size() && i < chart.x_values.size(); ++i) {
+      if (std::isnan(series.values[i])) continue;
+      svg << "<circle cx=\"" << coordinate(x_position(i)) << "\" cy=\""
+          << coordinate(y_position(series.values[i])) << "\" r=\"3.5\" fill=\"" << colour
+          << "\"><title>" << escape_xml(series.name) << " at " << chart.x_values[i] << ": "
+          << format_accuracy(series.values[i]) << "</title></circle>\n";
+    }
+    // Legend entry.
+    const double legend_x = left + plot_width + 20, legend_y = top + 10 + 20 * s;
+    svg << "<line x1=\"" << legend_x << "\" y1=\"" << legend_y << "\" x2=\"" << legend_x + 24
+        << "\" y2=\"" << legend_y << "\" stroke=\"" << colour << "\" stroke-width=\"2\"" << dash
+        << "/>\n";
+    svg << "<text class=\"legend\" x=\"" << legend_x + 30 << "\" y=\"" << legend_y + 4 << "\">"
+        << escape_xml(series.name) << "</text>\n";
+  }
+  svg << "</svg>\n";
+  return svg.str();
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
+  std::ofstream file(path, std::ios::binary);
+  if (!file) throw Error("cannot write '" + path + "'");
+  file << text;
+  if (!file) throw Error("writing '" + path + "' failed");
+}
+
+}  // namespace
+
+double cell_accuracy(const EvalRun& run, const std::string& task, int length) {
+  double sum = 0.0;
+  int count = 0;
+  for (const EvalSampleResult& sample : run.samples) {
+    if (sample.task != task || sample.length != length) continue;
+    sum += sample.score;
+    ++count;
+  }
+  return count > 0 ? 100.0 * sum / count : kNaN;
+}
+
+double length_accuracy(const EvalReport& report, const EvalRun& run, int length) {
+  std::vector<double> values;
+  for (const std::string& task : report.tasks) values.push_back(cell_accuracy(run, task, length));
+  return mean_skipping_nan(values);
+}
+
+double run_accuracy(const EvalReport& report, const EvalRun& run) {
+  std::vector<double> values;
+  for (int length : report.lengths) values.push_back(length_accuracy(report, run, length));
+  return mean_skipping_nan(values);
+}
+
+double task_accuracy(const EvalReport& report, const EvalRun& run, const std::string& task) {
+  std::vector<double> values;
+  for (int length : report.lengths) values.push_back(cell_accuracy(run, task, length));
+  return mean_skipping_nan(values);
+}
+
+const EvalRun* find_run(const EvalReport& report, const std::string& method, int budget) {
+  const EvalRun* budget_free = nullptr;
+  for (const EvalRun& run : report.runs) {
+    if (run.method != method) continue;
+    if (run.budget == budget) return &run;
+    if (run.budget == 0) budget_free = &run;
+  }
+  return budget_free;
+}
+
+nlohmann::json eval_report_to_json(const EvalReport& report) {
+  nlohmann::json runs = nlohmann::json::array();
+  nlohmann::json accuracy = nlohmann::json::array();
+  nlohmann::json averages = nlohmann::json::array();
+  for (const EvalRun& run : report.runs) {
+    nlohmann::json samples = nlohmann::json::array();
+    for (const EvalSampleResult& sample : run.samples) {
+      samples.push_back({{"task", sample.task},
+                         {"length", sample.length},
+                         {"index", sample.index},
+                         {"prompt_tokens", sample.prompt_tokens},
+                         {"answers", sample.answers},
+                         {"prediction", sample.prediction},
+                         {"score", sample.score},
+                         {"seconds", sample.seconds},
+                         {"prefill_keys_fraction", sample.prefill_keys_fraction},
+                         {"cache_kept_fraction", sample.cache_kept_fraction}});
+    }
+    runs.push_back({{"method", run.method},
+                    {"budget", run.budget},
+                    {"attention", run.attention},
+                    {"seconds", run.seconds},
+                    {"samples", samples}});
+    for (const std::string& task : report.tasks) {
+      for (int length : report.lengths) {
+        accuracy.push_back({{"method", run.method},
+                            {"budget", run.budget},
+                            {"task", task},
+                            {"length", length},
+                            {"accuracy", number_or_null(cell_accuracy(run, task, length))}});
+      }
+    }
+    for (int length : report.lengths) {
+      averages.push_back({{"method", run.method},
+                          {"budget", run.budget},
+                          {"length", length},
+                          {"accuracy", number_or_null(length_accuracy(report, run, length))}});
+    }
+    averages.push_back({{"method", run.method},
+                        {"budget", run.budget},
+                        {"length", "all"},
+                        {"accuracy", number_or_null(run_accuracy(report, run))}});
+  }
+  return {{"date", report.date},
+          {"command", report.command},
+          {"model", report.model},
+          {"device", report.device},
+          {"seed", report.seed},
+          {"samples_per_cell", report.samples_per_cell},
+          {"tasks", report.tasks},
+          {"lengths", report.lengths},
+          {"budgets", report.budgets},
+          {"methods", report.methods},
+          {"notes", report.notes},
+          {"runs", runs},
+          {"accuracy", accuracy},
+          {"averages", averages},
+          {"markdown", eval_report_markdown(report)}};
+}
+
+EvalReport eval_report_from_json(const nlohmann::json& json) {
+  if (!json.is_object()) throw Error("eval report: the top level must be a JSON object");
+  EvalReport report;
+  report.date = read<std::string>(json, "date", "the report");
+  report.command = read<std::string>(json, "command", "the report");
+  report.model = read<std::string>(json, "model", "the report");
+  report.device = read<std::string>(json, "device", "the report");
+  report.seed = read<uint64_t>(json, "seed", "the report");
+  report.samples_per_cell = read<int>(json, "samples_per_cell", "the report");
+  report.tasks = read<std::vector<std::string>>(json, "tasks", "the report");
+  report.lengths = read<std::vector<int>>(json, "lengths", "the report");
+  report.budgets = read<std::vector<int>>(json, "budgets", "the report");
+  report.methods = read<std::vector<std::string>>(json, "methods", "the report");
+  report.notes = read<std::string>(json, "notes", "the report");
+  const nlohmann::json& runs = field(json, "runs", "the report");
+  if (!runs.is_array()) throw Error("eval report: 'runs' must be an array");
+  for (const nlohmann::json& run_json : runs) {
+    EvalRun run;
+    run.method = read<std::string>(run_json, "method", "a run");
+    run.budget = read<int>(run_json, "budget", "a run");
+    run.attention = field(run_json, "attention", "a run");
+    run.seconds = read<double>(run_json, "seconds", "a run");
+    const nlohmann::json& samples = field(run_json, "samples", "a run");
+    if (!samples.is_array()) throw Error("eval report: a run's 'samples' must be an array");
+    for (const nlohmann::json& sample_json : samples) {
+      EvalSampleResult sample;
+      sample.task = read<std::string>(sample_json, "task", "a sample");
+      sample.length = read<int>(sample_json, "length", "a sample");
+      sample.index = read<int>(sample_json, "index", "a sample");
+      sample.prompt_tokens = read<int>(sample_json, "prompt_tokens", "a sample");
+      sample.answers = read<std::vector<std::string>>(sample_json, "answers", "a sample");
+      sample.prediction = read<std::string>(sample_json, "prediction", "a sample");
+      sample.score = read<double>(sample_json, "score", "a sample");
+      sample.seconds = read<double>(sample_json, "seconds", "a sample");
+      sample.prefill_keys_fraction = read<double>(sample_json, "prefill_keys_fraction", "a sample");
+      sample.cache_kept_fraction = read<double>(sample_json, "cache_kept_fraction", "a sample");
+      run.samples.push_back(std::move(sample));
+    }
+    report.runs.push_back(std::move(run));
+  }
+  return report;
+}
+
+std::string eval_report_markdown(const EvalReport& report) {
+  std::ostringstream text;
+  text << "# entropyinfer eval: RULER-style accuracy at matched budgets\n\n";
+  text << report.date << " | model `" << report.model << "` | device " << report.device
+       << " | seed " << report.seed << " | " << report.samples_per_cell
+       << " samples per task and length\n\n";
+  if (!report.command.empty()) text << "`" << report.command << "`\n\n";
+  if (!report.notes.empty()) text << report.notes << "\n\n";
+
+  // Runs in table order: every budget level, every method, the budget-free ones repeated.
+  std::vector<const EvalRun*> rows;
+  for (int budget : report.budgets) {
+    for (const std::string& method : report.methods) {
+      if (const EvalRun* run = find_run(report, method, budget)) rows.push_back(run);
+    }
+  }
+
+  text << "## Accuracy (%) per length, mean over tasks\n\n| method | budget |";
+  for (int length : report.lengths) text << " " << length << " |";
+  text << " mean |\n|---|---:|";
+  for (size_t i = 0; i <= report.lengths.size(); ++i) text << "---:|";
+  text << "\n";
+  for (const EvalRun* run : rows) {
+    text << "| " << escape_cell(run->method) << " | " << budget_label(*run) << " |";
+    for (int length : report.lengths) {
+      text << " " << format_accuracy(length_accuracy(report, *run, length)) << " |";
+    }
+    text << " " << format_accuracy(run_accuracy(report, *run)) << " |\n";
+  }
+
+  text << "\n## Accuracy (%) per task, mean over lengths\n\n| method | budget |";
+  for (const std::string& task : report.tasks) text << " " << escape_cell(task) << " |";
+  text << "\n|---|---:|";
+  for (size_t i = 0; i < report.tasks.size(); ++i) text << "---:|";
+  text << "\n";
+  for (const EvalRun* run : rows) {
+    text << "| " << escape_cell(run->method) << " | " << budget_label(*run) << " |";
+    for (const std::string& task : report.tasks) {
+      text << " " << format_accuracy(task_accuracy(report, *run, task)) << " |";
+    }
+    text << "\n";
+  }
+
+  text << "\n## Accuracy (%) of every task and length\n";
+  for (int budget : report.budgets) {
+    text << "\n### Budget " << budget << "\n\n| method | task |";
+    for (int length : report.lengths) text << " " << length << " |";
+    text << "\n|---|---|";
+    for (size_t i = 0; i < report.lengths.size(); ++i) text << "---:|";
+    text << "\n";
+    for (const std::string& method : report.methods) {
+      const EvalRun* run = find_run(report, method, budget);
+      if (run == nullptr) continue;
+      for (const std::string& task : report.tasks) {
+        text << "| " << escape_cell(method) << (run->budget == 0 ? " (dense)" : "") << " | "
+             << escape_cell(task) << " |";
+        for (int length : report.lengths) {
+          text << " " << format_accuracy(cell_accuracy(*run, task, length)) << " |";
+        }
+        text << "\n";
+      }
+    }
+  }
+
+  text << "\n## Work\n\nprefill keys: keys the prefill read, as a share of full causal "
+          "attention's; cache kept: decode-cache entries kept by the compression (100 when it "
+          "did not run); both averaged over the samples.\n\n"
+          "| method | budget | samples | prefill keys (%) | cache kept (%) | seconds | "
+          "s/sample |\n|---|---:|---:|---:|---:|---:|---:|\n";
+  for (const EvalRun& run : report.runs) {
+    double keys = 0.0, kept = 0.0;
+    for (const EvalSampleResult& sample : run.samples) {
+      keys += sample.prefill_keys_fraction;
+      kept += sample.cache_kept_fraction;
+    }
+    const double count = static_cast<double>(std::max<size_t>(run.samples.size(), 1));
+    char row[512];
+    std::snprintf(row, sizeof(row), "| %s | %s | %zu | %.1f | %.1f | %.1f | %.2f |\n",
+                  escape_cell(run.method).c_str(), budget_label(run).c_str(), run.samples.size(),
+                  100.0 * keys / count, 100.0 * kept / count, run.seconds, run.seconds / count);
+    text << row;
+  }
+  return text.str();
+}
+
+std::string accuracy_vs_length_svg(const EvalReport& report, int budget) {
+  LineChart chart;
+  chart.title = "Accuracy against prompt length, budget " + std::to_string(budget) + " (mean of " +
+                std::to_string(report.tasks.size()) + " tasks)";
+  chart.x_label = "prompt length (tokens)";
+  chart.y_label = "accuracy (%)";
+  chart.x_values = report.lengths;
+  for (const std::string& method : report.methods) {
+    const EvalRun* run = find_run(report, method, budget);
+    if (run == nullptr) continue;
+    Series series;
+    series.name = method;
+    series.dashed = run->budget == 0;
+    for (int length : report.lengths) series.values.push_back(length_accuracy(report, *run, length));
+    chart.series.push_back(std::move(series));
+  }
+  return render_line_chart(chart);
+}
+
+std::string accuracy_vs_budget_svg(const EvalReport& report) {
+  LineChart chart;
+  chart.title = "Accuracy against budget (mean of " + std::to_string(report.tasks.size()) +
+                " tasks and " + std::to_string(report.lengths.size()) + " lengths)";
+  chart.x_label = "budget (tokens per KV head)";
+  chart.y_label = "accuracy (%)";
+  chart.x_values = report.budgets;
+  for (const std::string& method : report.methods) {
+    Series series;
+    series.name = method;
+    bool any = false;
+    for (int budget : report.budgets) {
+      const EvalRun* run = find_run(report, method, budget);
+      series.values.push_back(run ? run_accuracy(report, *run) : kNaN);
+      if (run != nullptr) {
+        any = true;
+        series.dashed = run->budget == 0;
+      }
+    }
+    if (any) chart.series.push_back(std::move(series));
+  }
+  return render_line_chart(chart);
+}
+
+std::vector<std::string> write_eval_plots(const EvalReport& report, const std::string& directory) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  fs::create_directories(directory, error);
+  if (!fs::is_directory(directory)) {
+    throw Error("cannot create the plot folder '" + directory + "'");
+  }
+  std::vector<std::string> paths;
+  for (int budget : report.budgets) {
+    const std::string path =
+        (fs::path(directory) / ("accuracy_vs_length_budget" + std::to_string(budget) + ".svg"))
+            .string();
+    write_text_file(path, accuracy_vs_length_svg(report, budget));
+    paths.push_back(path);
+  }
+  const std::string path = (fs::path(directory) / "accuracy_vs_budget.svg").string();
+  write_text_file(path, accuracy_vs_budget_svg(report));
+  paths.push_back(path);
+  return paths;
+}
+
+}  // namespace entropyinfer::eval

@@ -1,0 +1,95 @@
+// The results of `entropyinfer eval` (RULER-style accuracy of every attention method at matched
+// budgets) and what is written from them: JSON, a markdown report and two SVG line charts
+// (accuracy against prompt length per method; accuracy against budget per method). Nothing here
+// runs a model: the command fills an EvalReport, and tests can build one by hand.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace entropyinfer::eval {
+
+// One scored generation.
+struct EvalSampleResult {
+  std::string task;  // ruler_task_name()
+  int length = 0;    // the cell's nominal length (the prompt is at most this long)
+  int index = 0;
+  int prompt_tokens = 0;  // BOS included
+  std::vector<std::string> answers;
+  std::string prediction;  // the generated text, EOS dropped
+  double score = 0.0;      // ruler_score(): fraction of the answers found, in [0, 1]
+  double seconds = 0.0;    // prefill and decode
+  // What the attention policies did: keys the prefill read over what full causal attention reads,
+  // and cache entries kept over the entries before compression (1 when nothing was compressed).
+  double prefill_keys_fraction = 1.0;
+  double cache_kept_fraction = 1.0;
+};
+
+// One method at one budget level.
+struct EvalRun {
+  std::string method;  // as given to --methods: "prefill[+decode]", e.g. "entropy+latent"
+  // The matched budget level of this run; 0 for a method that has no budget (full attention),
+  // which runs once and stands for itself at every level.
+  int budget = 0;
+  nlohmann::json attention;  // the effective AttentionConfig (attention_config_to_json)
+  double seconds = 0.0;
+  std::vector<EvalSampleResult> samples;
+};
+
+struct EvalReport {
+  std::string date;  // ISO 8601, UTC
+  std::string command;
+  std::string model;
+  std::string device;
+  uint64_t seed = 0;
+  int samples_per_cell = 0;
+  std::vector<std::string> tasks;    // column order of the tables
+  std::vector<int> lengths;          // ascending
+  std::vector<int> budgets;          // the levels, ascending
+  std::vector<std::string> methods;  // row and legend order
+  std::string notes;                 // how budgets are matched and which parameters were scaled
+  std::vector<EvalRun> runs;
+};
+
+// RULER's score of a (task, length) cell: the mean sample score times 100. NaN when the run has no
+// sample of that cell.
+double cell_accuracy(const EvalRun& run, const std::string& task, int length);
+// The mean of cell_accuracy over the report's tasks (as RULER averages a length over its tasks);
+// cells without samples are left out; NaN when no cell has any.
+double length_accuracy(const EvalReport& report, const EvalRun& run, int length);
+// The mean of length_accuracy over the report's lengths (NaN ones left out).
+double run_accuracy(const EvalReport& report, const EvalRun& run);
+// The mean of cell_accuracy over the report's lengths for one task.
+double task_accuracy(const EvalReport& report, const EvalRun& run, const std::string& task);
+
+// The run that shows `method` at budget level `budget`: the method's run at that level, else its
+// budget-free run (budget 0); nullptr when there is neither.
+const EvalRun* find_run(const EvalReport& report, const std::string& method, int budget);
+
+// Every field above, plus the derived accuracies ("accuracy": one entry per (method, budget, task,
+// length); "averages": per (method, budget, length)) and the markdown text, for readers that do
+// not recompute them. NaN accuracies are written as null.
+nlohmann::json eval_report_to_json(const EvalReport& report);
+// Reads what eval_report_to_json wrote (derived fields are ignored); throws Error naming the
+// missing or mistyped field.
+EvalReport eval_report_from_json(const nlohmann::json& json);
+
+// A markdown document: header (date, command, model, notes), the average accuracy of every method
+// at every budget level per length, the per-task breakdown, and the work each run did.
+std::string eval_report_markdown(const EvalReport& report);
+
+// Line chart of the average accuracy (over tasks) against prompt length, one polyline per method,
+// at one budget level (budget-free methods appear in every chart, dashed).
+std::string accuracy_vs_length_svg(const EvalReport& report, int budget);
+// Line chart of the average accuracy (over tasks and lengths) against the budget level, one
+// polyline per method (a budget-free method is a flat dashed line).
+std::string accuracy_vs_budget_svg(const EvalReport& report);
+
+// Writes accuracy_vs_length_budget<B>.svg for every level and accuracy_vs_budget.svg into
+// `directory` (created when missing); returns the paths written. Throws Error when a file cannot be
+// written.
+std::vector<std::string> write_eval_plots(const EvalReport& report, const std::string& directory);
+
+}  // namespace entropyinfer::eval
