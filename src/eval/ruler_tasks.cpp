@@ -415,7 +415,8 @@ RulerSample make_ruler_sample(RulerTask task, int length, int index, uint64_t ba
   const std::string name = ruler_task_name(task);
   const std::string what = name + " at " + std::to_string(length) + " tokens";
   if (length <= 0 || index < 0) {
-    throw Error(what + ", sample " + std::to_string(index) + ": length and index must be positive");
+    throw Error(what + ", sample " + std::to_string(index) +
+                ": the length must be positive and the index not negative");
   }
   if (sources.haystack_lines.empty() || sources.keys.empty()) {
     throw Error(what + ": the RULER sources are not loaded (load_ruler_sources)");
