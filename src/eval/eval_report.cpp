@@ -151,22 +151,22 @@ std::string render_line_chart(const LineChart& chart) {
   // Horizontal grid with the accuracy scale.
   for (int tick = 0; tick <= 100; tick += 20) {
     const std::string y = coordinate(y_position(tick));
-    svg << "<line x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << left + plot_width
-        << "\" y2=\"" << y << "\" stroke=\"#dddddd\"/>\n";
+    svg << "<line x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << left + plot_width << "\" y2=\""
+        << y << "\" stroke=\"#dddddd\"/>\n";
     svg << "<text x=\"" << left - 6 << "\" y=\"" << coordinate(y_position(tick) + 4)
         << "\" text-anchor=\"end\">" << tick << "</text>\n";
   }
   // Axes.
   svg << "<line x1=\"" << left << "\" y1=\"" << top << "\" x2=\"" << left << "\" y2=\""
       << top + plot_height << "\" stroke=\"black\"/>\n";
-  svg << "<line x1=\"" << left << "\" y1=\"" << top + plot_height << "\" x2=\""
-      << left + plot_width << "\" y2=\"" << top + plot_height << "\" stroke=\"black\"/>\n";
+  svg << "<line x1=\"" << left << "\" y1=\"" << top + plot_height << "\" x2=\"" << left + plot_width
+      << "\" y2=\"" << top + plot_height << "\" stroke=\"black\"/>\n";
   for (size_t i = 0; i < chart.x_values.size(); ++i) {
     const std::string x = coordinate(x_position(i));
     svg << "<line x1=\"" << x << "\" y1=\"" << top + plot_height << "\" x2=\"" << x << "\" y2=\""
         << top + plot_height + 5 << "\" stroke=\"black\"/>\n";
-    svg << "<text x=\"" << x << "\" y=\"" << top + plot_height + 19
-        << "\" text-anchor=\"middle\">" << short_count(chart.x_values[i]) << "</text>\n";
+    svg << "<text x=\"" << x << "\" y=\"" << top + plot_height + 19 << "\" text-anchor=\"middle\">"
+        << short_count(chart.x_values[i]) << "</text>\n";
   }
   svg << "<text class=\"x-label\" x=\"" << left + plot_width / 2 << "\" y=\""
       << top + plot_height + 44 << "\" text-anchor=\"middle\">" << escape_xml(chart.x_label)
@@ -187,9 +187,8 @@ std::string render_line_chart(const LineChart& chart) {
              << coordinate(y_position(series.values[i]));
     }
     svg << "<polyline class=\"series\" data-name=\"" << escape_xml(series.name)
-        << "\" fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"2\"" << dash
-        << " points=\"" << points.str() << "\"><title>" << escape_xml(series.name)
-        << "</title></polyline>\n";
+        << "\" fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"2\"" << dash << " points=\""
+        << points.str() << "\"><title>" << escape_xml(series.name) << "</title></polyline>\n";
     for (size_t i = 0; i < series.values.size() && i < chart.x_values.size(); ++i) {
       if (std::isnan(series.values[i])) continue;
       svg << "<circle cx=\"" << coordinate(x_position(i)) << "\" cy=\""
@@ -458,7 +457,8 @@ std::string accuracy_vs_length_svg(const EvalReport& report, int budget) {
     Series series;
     series.name = method;
     series.dashed = run->budget == 0;
-    for (int length : report.lengths) series.values.push_back(length_accuracy(report, *run, length));
+    for (int length : report.lengths)
+      series.values.push_back(length_accuracy(report, *run, length));
     chart.series.push_back(std::move(series));
   }
   return render_line_chart(chart);

@@ -20,6 +20,7 @@
 #include "apps/entropyinfer/bench_cuda.h"
 #include "apps/entropyinfer/cli_common.h"
 #include "apps/entropyinfer/commands.h"
+#include "attention/entropy_prefill.h"
 #include "core/error.h"
 #include "engine/transformer.h"
 #include "eval/eval_report.h"
@@ -147,10 +148,14 @@ std::string budget_notes(bool scale_threshold, int fixed_threshold) {
   } else {
     text << "sparse_threshold is fixed at " << fixed_threshold << " as given. ";
   }
-  text << "Full attention has no budget: it runs once and stands at every level. Generation is "
-          "greedy, at most the task's G tokens, stopping at EOS only (training/TASKS.md section 7); "
-          "a sample scores the fraction of its answer words found (RULER's string_match_all on "
-          "whole words) and a cell is the mean times 100.";
+  text << "Decode-cache methods compress after the prefill, so the first generated token always "
+          "comes from the full cache: on niah_single and niah_multikey, whose answer is that "
+          "token, they score as their prefill does. ";
+  text
+      << "Full attention has no budget: it runs once and stands at every level. Generation is "
+         "greedy, at most the task's G tokens, stopping at EOS only (training/TASKS.md section 7); "
+         "a sample scores the fraction of its answer words found (RULER's string_match_all on "
+         "whole words) and a cell is the mean times 100.";
   return text.str();
 }
 
@@ -198,6 +203,88 @@ struct PlannedRun {
   AttentionConfig config;
 };
 
+// Where a method as configured does not differ from full attention on these tasks, said up front
+// so that equal scores are not read as a tie: a sparse prefill has no sparse segment in a short
+// prompt, and latent compression waits for G decode steps, more than short answers take.
+std::vector<std::string> where_methods_stay_dense(const std::vector<PlannedRun>& runs,
+                                                  const std::vector<eval::RulerTask>& tasks,
+                                                  const std::vector<int>& lengths) {
+  std::vector<std::string> notes;
+  auto join = [](const auto& items) {
+    std::ostringstream text;
+    for (size_t i = 0; i < items.size(); ++i) text << (i ? ", " : "") << items[i];
+    return text.str();
+  };
+  // Per method: budget level -> lengths with no sparse prefill segment.
+  std::vector<std::string> methods;
+  std::vector<std::vector<std::pair<int, std::vector<int>>>> dense_lengths;
+  for (const PlannedRun& run : runs) {
+    if (methods.empty() || methods.back() != run.method) {
+      methods.push_back(run.method);
+      dense_lengths.emplace_back();
+    }
+    const PrefillParams& p = run.config.prefill_params;
+    if (run.config.prefill != PrefillMethod::kFull) {
+      std::vector<int> dense;
+      for (int length : lengths) {
+        const int64_t segments = (length + p.segment_size - 1) / p.segment_size;
+        bool any_sparse = false;
+        for (int64_t s = 0; s < segments; ++s) {
+          any_sparse =
+              any_sparse || segment_is_sparse(s, segments, p.segment_size, p.sparse_threshold);
+        }
+        if (!any_sparse) dense.push_back(length);
+      }
+      if (!dense.empty()) dense_lengths.back().emplace_back(run.budget, dense);
+    }
+  }
+  for (size_t m = 0; m < methods.size(); ++m) {
+    const auto& levels = dense_lengths[m];
+    if (levels.empty()) continue;
+    const PlannedRun& run = *std::find_if(
+        runs.begin(), runs.end(), [&](const PlannedRun& r) { return r.method == methods[m]; });
+    const bool same = std::all_of(levels.begin(), levels.end(), [&](const auto& level) {
+      return level.second == levels[0].second;
+    });
+    std::ostringstream text;
+    text << methods[m] << " prefills densely (segments of "
+         << run.config.prefill_params.segment_size
+         << ", sparse from the threshold on, the last segment always dense) at ";
+    if (same) {
+      std::vector<int> budgets;
+      for (const auto& level : levels) budgets.push_back(level.first);
+      text << join(levels[0].second) << " tokens at budget" << (budgets.size() > 1 ? "s " : " ")
+           << join(budgets) << ".";
+    } else {
+      for (size_t i = 0; i < levels.size(); ++i) {
+        text << (i ? "; " : "") << join(levels[i].second) << " tokens at budget "
+             << levels[i].first;
+      }
+      text << ".";
+    }
+    notes.push_back(text.str());
+  }
+  std::set<std::string> said;
+  for (const PlannedRun& run : runs) {
+    if (run.config.decode != DecodeMethod::kLatent || said.count(run.method)) continue;
+    said.insert(run.method);
+    const int gap = run.config.decode_params.gap;
+    std::vector<std::string> short_tasks;
+    for (eval::RulerTask task : tasks) {
+      // The G-th decode step compresses after its own attention, so the tokens after it are the
+      // first to see the compressed cache; the last generated token is never fed back.
+      if (eval::ruler_generation_tokens(task) <= gap + 1) {
+        short_tasks.push_back(eval::ruler_task_name(task));
+      }
+    }
+    if (short_tasks.empty()) continue;
+    notes.push_back(run.method + ": latent compression comes after G = " + std::to_string(gap) +
+                    " decode steps, later than the last token of " + join(short_tasks) +
+                    ", which therefore decode over the full cache (--decode-gap sets G).");
+  }
+  return notes;
+}
+
 // Where the long texts are when --text-dir is not given: a shared/assets/text folder in the
 // current directory or the executable's, or in one of their parents (the assets live beside the
 // checkout, at ../shared/assets).
@@ -233,8 +320,8 @@ std::string command_line() {
       argument = "entropyinfer";
       first = false;
     }
-    const bool plain = !argument.empty() && argument.find_first_of(" \t'\"$\\*?;&|<>()") ==
-                                                std::string::npos;
+    const bool plain =
+        !argument.empty() && argument.find_first_of(" \t'\"$\\*?;&|<>()") == std::string::npos;
     text += (text.empty() ? "" : " ") + (plain ? argument : "'" + argument + "'");
   }
   return text.empty() ? "entropyinfer eval" : text;
@@ -365,10 +452,10 @@ class EvalProgress {
  private:
   std::string status(const std::string& where) const {
     const double seconds = elapsed();
-    const double left =
-        done_tokens_ > 0 ? seconds * static_cast<double>(total_tokens_ - done_tokens_) /
-                               static_cast<double>(done_tokens_)
-                         : 0.0;
+    const double left = done_tokens_ > 0
+                            ? seconds * static_cast<double>(total_tokens_ - done_tokens_) /
+                                  static_cast<double>(done_tokens_)
+                            : 0.0;
     char text[512];
     std::snprintf(text, sizeof(text), "eval: %lld/%lld samples | %s | %s elapsed, ETA %s",
                   static_cast<long long>(done_samples_), static_cast<long long>(total_samples_),
@@ -417,11 +504,11 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
   if (const CLI::Option* file = command->get_option("--attention-config"); file->count() > 0) {
     std::ifstream stream(file->as<std::string>());
     const nlohmann::json json = nlohmann::json::parse(stream, nullptr, false);
-    threshold_given = threshold_given || (json.is_object() && (json.contains("sparse_threshold") ||
-                                                               (json.contains("prefill_params") &&
-                                                                json["prefill_params"].is_object() &&
-                                                                json["prefill_params"].contains(
-                                                                    "sparse_threshold"))));
+    threshold_given = threshold_given ||
+                      (json.is_object() &&
+                       (json.contains("sparse_threshold") ||
+                        (json.contains("prefill_params") && json["prefill_params"].is_object() &&
+                         json["prefill_params"].contains("sparse_threshold"))));
   }
   if (args.methods.empty()) throw Error("--methods: give at least one method");
   std::vector<PlannedRun> runs;
@@ -483,8 +570,8 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
                      eval::ruler_task_name(task).c_str(), length,
                      isatty(STDERR_FILENO) ? "\033[K" : "\n");
         std::fflush(stderr);
-        for (eval::RulerSample& sample : eval::make_ruler_samples(task, length, args.samples,
-                                                                  args.seed, *tokenizer, sources)) {
+        for (eval::RulerSample& sample :
+             eval::make_ruler_samples(task, length, args.samples, args.seed, *tokenizer, sources)) {
           PreparedSample prepared;
           if (bos) prepared.ids.push_back(*bos);
           EncodeOptions encode;
@@ -537,8 +624,11 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
   report.lengths = lengths;
   report.budgets = budgets;
   report.methods = args.methods;
-  report.notes =
-      budget_notes(!threshold_given, runs.front().config.prefill_params.sparse_threshold);
+  report.notes = budget_notes(!threshold_given, base.prefill_params.sparse_threshold);
+  for (const std::string& note : where_methods_stay_dense(runs, tasks, lengths)) {
+    report.notes += "\n\nNote: " + note;
+    std::fprintf(stderr, "note: %s\n", note.c_str());
+  }
 
   std::fprintf(stderr, "%zu runs of %zu samples each (%d per task and length):\n", runs.size(),
                samples.size(), args.samples);
@@ -578,14 +668,16 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
       result.index = sample.index;
       result.prompt_tokens = static_cast<int>(prepared.ids.size());
       result.answers = sample.answers;
+      // Ids past the tokenizer's vocabulary (a classifier padded beyond it) have no text.
+      std::erase_if(generated, [&](int32_t id) { return id < 0 || id >= tokenizer->vocab_size(); });
       result.prediction = tokenizer->decode(generated);
       result.score = eval::ruler_score(sample.task, result.prediction, sample.answers);
       result.seconds = seconds_since(start);
       result.prefill_keys_fraction = after_prefill.prefill_keys;
       result.cache_kept_fraction = model->work().cache_kept;
+      const std::string cell = result.task + " " + std::to_string(sample.length);
       run.samples.push_back(std::move(result));
 
-      const std::string cell = result.task + " " + std::to_string(sample.length);
       progress.sample_done(static_cast<int64_t>(prepared.ids.size()), run_label + " | " + cell);
       const bool cell_ends = i + 1 == samples.size() || samples[i + 1].sample.task != sample.task ||
                              samples[i + 1].sample.length != sample.length;
@@ -616,7 +708,10 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
   if (!args.json_path.empty()) {
     std::ofstream file(args.json_path);
     if (!file) throw Error("cannot write '" + args.json_path + "'");
-    file << eval::eval_report_to_json(report).dump(2) << "\n";
+    // A model can generate bytes that are not UTF-8 (a token that ends mid-character).
+    file << eval::eval_report_to_json(report).dump(2, ' ', false,
+                                                   nlohmann::json::error_handler_t::replace)
+         << "\n";
   }
   if (!args.plots_dir.empty()) {
     for (const std::string& path : eval::write_eval_plots(report, args.plots_dir)) {
@@ -669,8 +764,7 @@ void register_eval(CLI::App& app) {
       ->add_option("--words", args->words,
                    "Word pools: all (the evaluation's) or heldout (words never seen in training)")
       ->capture_default_str();
-  command->add_option("--device", args->device, "cpu or cuda (CUDA builds)")
-      ->capture_default_str();
+  command->add_option("--device", args->device, "cpu or cuda (CUDA builds)")->capture_default_str();
   command->add_option("--text-dir", args->text_dir,
                       "Folder with janeausten/persuasion.txt, the haystack (default: "
                       "shared/assets/text found above the current directory or the executable)");
