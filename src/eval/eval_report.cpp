@@ -43,6 +43,10 @@ std::string short_count(int value) {
   return std::to_string(value);
 }
 
+std::string count_of(size_t count, const std::string& noun) {
+  return std::to_string(count) + " " + noun + (count == 1 ? "" : "s");
+}
+
 std::string budget_label(const EvalRun& run) {
   return run.budget > 0 ? std::to_string(run.budget) : "none (dense)";
 }
@@ -174,7 +178,12 @@ std::string render_line_chart(const LineChart& chart) {
   svg << "<text class=\"y-label\" transform=\"translate(22," << top + plot_height / 2
       << ") rotate(-90)\" text-anchor=\"middle\">" << escape_xml(chart.y_label) << "</text>\n";
 
-  for (size_t s = 0; s < chart.series.size(); ++s) {
+  // Dashed reference lines go on top, where lines that coincide with them cannot hide them.
+  std::vector<size_t> order(chart.series.size());
+  for (size_t s = 0; s < order.size(); ++s) order[s] = s;
+  std::stable_partition(order.begin(), order.end(),
+                        [&](size_t s) { return !chart.series[s].dashed; });
+  for (const size_t s : order) {
     const Series& series = chart.series[s];
     const char* colour = series_colour(s);
     const std::string dash = series.dashed ? " stroke-dasharray=\"7 4\"" : "";
@@ -447,7 +456,7 @@ std::string eval_report_markdown(const EvalReport& report) {
 std::string accuracy_vs_length_svg(const EvalReport& report, int budget) {
   LineChart chart;
   chart.title = "Accuracy against prompt length, budget " + std::to_string(budget) + " (mean of " +
-                std::to_string(report.tasks.size()) + " tasks)";
+                count_of(report.tasks.size(), "task") + ")";
   chart.x_label = "prompt length (tokens)";
   chart.y_label = "accuracy (%)";
   chart.x_values = report.lengths;
@@ -466,8 +475,8 @@ std::string accuracy_vs_length_svg(const EvalReport& report, int budget) {
 
 std::string accuracy_vs_budget_svg(const EvalReport& report) {
   LineChart chart;
-  chart.title = "Accuracy against budget (mean of " + std::to_string(report.tasks.size()) +
-                " tasks and " + std::to_string(report.lengths.size()) + " lengths)";
+  chart.title = "Accuracy against budget (mean of " + count_of(report.tasks.size(), "task") +
+                " and " + count_of(report.lengths.size(), "length") + ")";
   chart.x_label = "budget (tokens per KV head)";
   chart.y_label = "accuracy (%)";
   chart.x_values = report.budgets;
