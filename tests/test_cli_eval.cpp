@@ -197,6 +197,7 @@ TEST_F(EvalFixture, BadFlagsAreOneClearError) {
   expect_error(run_cli("eval -m " + model() + " --device tpu"), "--device");
   // The levels are the budgets; a second budget flag would contradict them.
   expect_error(run_cli("eval -m " + model() + " --decode-budget 256"), "--budgets");
+  expect_error(run_cli("eval -m " + model() + " --prefill entropy"), "--methods");
   // A level below SnapKV's observation window cannot hold it.
   expect_error(run_cli("eval -m " + model() + " --budgets 16"), "--budgets 16");
   expect_error(run_cli("eval -m /nonexistent/model"), "/nonexistent/model");

@@ -476,6 +476,7 @@ struct PreparedSample {
 };
 
 void run_eval(const EvalArgs& args, CLI::App* command) {
+  const auto eval_start = Clock::now();
   // Everything the flags can get wrong is checked before the model loads.
   if (args.device != "cpu" && args.device != "cuda") {
     throw Error("--device must be cpu or cuda, not '" + args.device + "'");
@@ -496,6 +497,12 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
     if (command->get_option(flag)->count() > 0) {
       throw Error(std::string(flag) +
                   ": eval gives every method the same budget; set the levels with --budgets");
+    }
+  }
+  for (const char* flag : {"--prefill", "--decode"}) {
+    if (command->get_option(flag)->count() > 0) {
+      throw Error(std::string(flag) +
+                  ": eval runs the methods named by --methods (prefill[+decode])");
     }
   }
   const AttentionConfig base = args.attention.resolve();
@@ -719,7 +726,7 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
     }
   }
   std::fprintf(stderr, "eval finished in %s; peak memory %.0f MiB\n",
-               format_duration(progress.elapsed()).c_str(), peak_resident_mib());
+               format_duration(seconds_since(eval_start)).c_str(), peak_resident_mib());
 }
 
 }  // namespace
