@@ -27,7 +27,9 @@ std::string colour(double t) {
   return text;
 }
 
-std::string escape(const std::string& text) {
+}  // namespace
+
+std::string escape_xml(const std::string& text) {
   std::string out;
   for (char c : text) {
     if (c == '<')
@@ -36,13 +38,13 @@ std::string escape(const std::string& text) {
       out += "&gt;";
     else if (c == '&')
       out += "&amp;";
+    else if (c == '"')
+      out += "&quot;";
     else
       out += c;
   }
   return out;
 }
-
-}  // namespace
 
 void write_heatmap_svg(const Heatmap& heatmap, const std::string& path) {
   if (heatmap.rows <= 0 || heatmap.columns <= 0 ||
@@ -68,7 +70,7 @@ void write_heatmap_svg(const Heatmap& heatmap, const std::string& path) {
   svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
       << "\" font-family=\"sans-serif\" font-size=\"11\">\n";
   svg << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  svg << "<text x=\"" << left << "\" y=\"22\" font-size=\"14\">" << escape(heatmap.title)
+  svg << "<text x=\"" << left << "\" y=\"22\" font-size=\"14\">" << escape_xml(heatmap.title)
       << "</text>\n";
   for (int row = 0; row < heatmap.rows; ++row) {
     for (int column = 0; column < heatmap.columns; ++column) {
@@ -81,13 +83,13 @@ void write_heatmap_svg(const Heatmap& heatmap, const std::string& path) {
     }
     if (static_cast<size_t>(row) < heatmap.row_labels.size() && cell_height >= 8) {
       svg << "<text x=\"" << left - 4 << "\" y=\"" << top + (row + 0.75) * cell_height
-          << "\" text-anchor=\"end\">" << escape(heatmap.row_labels[row]) << "</text>\n";
+          << "\" text-anchor=\"end\">" << escape_xml(heatmap.row_labels[row]) << "</text>\n";
     }
   }
   svg << "<text x=\"" << left + plot_width / 2 << "\" y=\"" << top + plot_height + 30
-      << "\" text-anchor=\"middle\">" << escape(heatmap.x_label) << "</text>\n";
+      << "\" text-anchor=\"middle\">" << escape_xml(heatmap.x_label) << "</text>\n";
   svg << "<text transform=\"translate(14," << top + plot_height / 2
-      << ") rotate(-90)\" text-anchor=\"middle\">" << escape(heatmap.y_label) << "</text>\n";
+      << ") rotate(-90)\" text-anchor=\"middle\">" << escape_xml(heatmap.y_label) << "</text>\n";
   // Colour bar with its range.
   const double bar_left = left + plot_width + 20;
   for (int step = 0; step < 50; ++step) {
@@ -100,7 +102,7 @@ void write_heatmap_svg(const Heatmap& heatmap, const std::string& path) {
   svg << "<text x=\"" << bar_left + bar_width + 4 << "\" y=\"" << top + plot_height << "\">" << low
       << "</text>\n";
   svg << "<text x=\"" << bar_left << "\" y=\"" << top + plot_height + 30 << "\">"
-      << escape(heatmap.value_label) << "</text>\n";
+      << escape_xml(heatmap.value_label) << "</text>\n";
   svg << "</svg>\n";
   std::ofstream file(path);
   if (!file) throw Error("cannot write '" + path + "'");

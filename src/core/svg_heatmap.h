@@ -21,4 +21,7 @@ struct Heatmap {
 // Throws Error if the file cannot be written.
 void write_heatmap_svg(const Heatmap& heatmap, const std::string& path);
 
+// Text escaped for SVG/XML element content and attribute values (&, <, >, ").
+std::string escape_xml(const std::string& text);
+
 }  // namespace entropyinfer

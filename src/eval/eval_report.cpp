@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/svg_heatmap.h"
 
 namespace entropyinfer::eval {
 namespace {
@@ -49,23 +50,6 @@ std::string count_of(size_t count, const std::string& noun) {
 
 std::string budget_label(const EvalRun& run) {
   return run.budget > 0 ? std::to_string(run.budget) : "none (dense)";
-}
-
-std::string escape_xml(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '<')
-      out += "&lt;";
-    else if (c == '>')
-      out += "&gt;";
-    else if (c == '&')
-      out += "&amp;";
-    else if (c == '"')
-      out += "&quot;";
-    else
-      out += c;
-  }
-  return out;
 }
 
 // Markdown table cells must not contain a bar.
