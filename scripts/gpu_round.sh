@@ -6,7 +6,9 @@
 # table last.
 #   OUT            output folder (the device run sets it)
 #   GPU_ROUND      what to run: comma-separated subset of
-#                  build,tests,attention,sparse,model,methods,bench (default: all)
+#                  build,quality,tests,attention,sparse,model,methods,bench (default: all but quality)
+#   EVAL_SECONDS   quality: time for the eval of the shipped model (default 300); EVAL_SAMPLES at most
+#                  (default 20) samples per cell; EVAL_LENGTHS, EVAL_BUDGETS; TEXT_DIR (carry .cache/assets-text)
 #   BENCH_LENGTHS  attention lengths (default 8192,32768,131072)
 #   MODEL_PREFILL  whole-model prompt lengths (default 16384,32768,65536,131072)
 #   MODEL_DECODE   whole-model decode contexts (default 32768,131072)
@@ -67,6 +69,38 @@ if [[ "${steps}" == *",build,"* ]]; then
     ninja -C "${build}" -j"${jobs}" entropyinfer_gpu_tests entropyinfer_gpu_bench entropyinfer; } >> "${log}" 2>&1 ||
     { step_failed "build"; grep -E "error|Error" "${log}" | head -30; }
   summary+=("build: $(( $(date +%s) - start )) s")
+fi
+
+if [[ "${steps}" == *",quality,"* && -x "${build}/entropyinfer" ]]; then
+  # The shipped model: transformers' reference logits (tests/fixtures/shipped_model, also copied to
+  # $OUT to be committed), the CUDA engine against them up to 32k tokens, then `entropyinfer eval`
+  # of every method. The eval is sized to EVAL_SECONDS from a 2-sample probe of the same grid.
+  section quality
+  start=$(date +%s)
+  model_dir="${repo_root}/models/needle-llama-11m"
+  text_dir="${TEXT_DIR:-${repo_root}/.cache/assets-text}"
+  python3 "${repo_root}/scripts/shipped_model_parity.py" --model "${model_dir}" --text-dir "${text_dir}" \
+    --out "${repo_root}/tests/fixtures/shipped_model/expected.json" 2>&1 | tee -a "${log}" ||
+    step_failed "transformers reference of the shipped model"
+  cp "${repo_root}/tests/fixtures/shipped_model/expected.json" "${out}/shipped_model_expected.json" 2>/dev/null
+  if [[ -x "${build}/entropyinfer_gpu_tests" ]]; then
+    timeout -k 10 120 "${build}/entropyinfer_gpu_tests" --gtest_filter='CudaShippedModel*' 2>&1 | tee -a "${log}" |
+      grep -E "^\[ +(OK|FAILED|PASSED) |tokens|Failure|Expected|Which is" || step_failed "CUDA shipped-model test"
+  fi
+  eval_args=(eval -m "${model_dir}" --device cuda --text-dir "${text_dir}" --lengths "${EVAL_LENGTHS:-4096,8192,16384,32768}"
+             --budgets "${EVAL_BUDGETS:-512,1024,2048}")
+  probe_start=$(date +%s%N)
+  timeout -k 10 240 "${build}/entropyinfer" "${eval_args[@]}" --samples 2 --json /tmp/eval-probe.json \
+    >> "${log}" 2>&1 || step_failed "eval probe"
+  probe_seconds=$(( ($(date +%s%N) - probe_start) / 1000000000 + 1 ))
+  samples=$(python3 -c "import sys; p=float(sys.argv[1]); print(max(2, min(int(sys.argv[3]), int(float(sys.argv[2]) / max(p / 2, 1e-3)))))" \
+            "${probe_seconds}" "${EVAL_SECONDS:-300}" "${EVAL_SAMPLES:-20}")
+  echo "eval probe: ${probe_seconds} s for 2 samples per cell; running ${samples} per cell" | tee -a "${log}"
+  mkdir -p "${out}/eval-plots"
+  timeout -k 10 $(( ${EVAL_SECONDS:-300} * 2 )) "${build}/entropyinfer" "${eval_args[@]}" --samples "${samples}" \
+    --json "${out}/eval.json" --markdown "${out}/eval.md" --plots "${out}/eval-plots" 2>> "${log}" |
+    tee -a "${log}" | tail -5 || step_failed "eval"
+  summary+=("quality: $(( $(date +%s) - start )) s")
 fi
 
 if [[ "${steps}" == *",tests,"* && -x "${build}/entropyinfer_gpu_tests" ]]; then

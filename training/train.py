@@ -112,6 +112,9 @@ def parse_args():
     p.add_argument("--lm-weight", type=float, default=1.0, help="weight of the mean loss on text tokens")
     p.add_argument("--answer-weight", type=float, default=1.0, help="weight of the mean loss on answer words")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--train-words", choices=["train", "all"], default="train",
+                   help="word pools of the training tasks: without the held-out words (default), or all of them; "
+                        "with 'all' the held-out-words evaluation no longer measures unseen words")
     p.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 4) - 4)),
                    help="processes making training batches")
     p.add_argument("--eval-workers", type=int, default=3, help="processes making evaluation samples meanwhile")
@@ -516,7 +519,10 @@ def _worker_state(spec):
 def _resources(state, spec, which):
     if which not in state["resources"]:
         if which == "train":
-            state["resources"][which] = tasks.Resources(tasks.train_corpus_lines(spec["text_dir"]), state["words"], "train")
+            # --train-words all: answers may be any pool word, the held-out ones included (the
+            # evaluation draws from all of them; a model never trained to answer a word does not).
+            part = "all" if spec.get("train_words") == "all" else "train"
+            state["resources"][which] = tasks.Resources(tasks.train_corpus_lines(spec["text_dir"]), state["words"], part)
         else:
             lines = tasks.eval_corpus_lines(spec["text_dir"])
             state["resources"][which] = tasks.Resources(lines, state["words"], "all" if which == "eval" else "heldout")
@@ -1092,7 +1098,7 @@ def run(args, out, work, out_model, text_dir, ruler_dir, pool, eval_pool):
 
     tokenizer, tokenizer_path, words_path = prepare_tokenizer_and_words(args, out_model, text_dir, ruler_dir, resume_model)
     token_ids = {"bos": tokenizer.token_to_id(BOS_TOKEN), "eos": tokenizer.token_to_id(EOS_TOKEN)}
-    spec = {"tokenizer": tokenizer_path, "task_words": words_path, "text_dir": text_dir}
+    spec = {"tokenizer": tokenizer_path, "task_words": words_path, "text_dir": text_dir, "train_words": args.train_words}
 
     # Evaluation samples are made by the workers while training runs.
     eval_jobs = []
@@ -1198,7 +1204,8 @@ def run(args, out, work, out_model, text_dir, ruler_dir, pool, eval_pool):
             train_summary = {"error": traceback.format_exc()}
             state["finished"] = False
         state["calls"].append({"steps": train_summary.get("steps_in_call"), "seconds": train_summary.get("seconds_in_call"),
-                               "stages": [s["length"] for s in schedule["stages"]], "lr": schedule["lr"]})
+                               "stages": [s["length"] for s in schedule["stages"]], "lr": schedule["lr"],
+                               "train_words": args.train_words})
     state.pop("train_seconds_before_call", None)
     if dtype_name == "bfloat16":
         with torch.no_grad():  # evaluate exactly what is exported
@@ -1218,6 +1225,7 @@ def run(args, out, work, out_model, text_dir, ruler_dir, pool, eval_pool):
         "finished_schedule": state["finished"],
         "stages": schedule["stages"],
         "lr": schedule["lr"],
+        "train_words": args.train_words,
         "this_call": train_summary,
     }
     write_json(results_path, results)
