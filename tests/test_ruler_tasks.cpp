@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -329,6 +330,54 @@ TEST(RulerTasks, AnswersAreInThePromptAndPromptsFit) {
                        1.0);
     }
   }
+}
+
+// The noise haystack, for when no text is at hand: the same draws as with text (the same needles
+// and questions), the noise line repeated around them, prompts that fit as any other; vt, which
+// always uses it, does not change.
+TEST(RulerTasks, NoiseHaystackKeepsTheDrawsAndFits) {
+  REQUIRE_HAYSTACK();
+  const RulerSources noise = load_ruler_noise_sources(fixture_model_dir());
+  EXPECT_TRUE(noise.noise_haystack);
+  EXPECT_FALSE(fixture_sources().noise_haystack);
+  EXPECT_EQ(noise.keys, fixture_sources().keys);
+  const std::string noise_line =
+      "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
+  for (RulerTask task : {RulerTask::kNiahSingle, RulerTask::kNiahMultikey,
+                         RulerTask::kNiahMultivalue, RulerTask::kNiahMultiquery}) {
+    SCOPED_TRACE(ruler_task_name(task));
+    const auto text = make_ruler_samples(task, 2048, 2, 3, fixture_tokenizer(), fixture_sources());
+    const auto plain = make_ruler_samples(task, 2048, 2, 3, fixture_tokenizer(), noise);
+    for (size_t i = 0; i < text.size(); ++i) {
+      const RulerSample& sample = plain[i];
+      EXPECT_EQ(sample.answers, text[i].answers);
+      EXPECT_EQ(sample.seed, text[i].seed);
+      const size_t question_at = sample.prompt.rfind('\n') + 1;
+      EXPECT_EQ(sample.prompt.substr(question_at),
+                text[i].prompt.substr(text[i].prompt.rfind('\n') + 1));
+      EXPECT_LE(sample.prompt_tokens + sample.max_new_tokens, 2048);
+      EXPECT_GE(sample.prompt_tokens + sample.max_new_tokens, 2048 * 95 / 100);
+      int needles = 0;
+      int noise_lines = 0;
+      std::istringstream lines(sample.prompt.substr(0, question_at - 1));
+      std::string line;
+      while (std::getline(lines, line)) {
+        if (line.starts_with("The secret of ")) {
+          ++needles;
+        } else {
+          EXPECT_EQ(line, noise_line);
+          ++noise_lines;
+        }
+      }
+      EXPECT_EQ(needles, task == RulerTask::kNiahSingle ? 1 : 4);
+      EXPECT_GT(noise_lines, 40);
+    }
+  }
+  const auto vt_text = make_ruler_samples(RulerTask::kVariableTracking, 1024, 1, 0,
+                                          fixture_tokenizer(), fixture_sources());
+  const auto vt_noise =
+      make_ruler_samples(RulerTask::kVariableTracking, 1024, 1, 0, fixture_tokenizer(), noise);
+  EXPECT_EQ(vt_noise[0].prompt, vt_text[0].prompt);
 }
 
 TEST(RulerTasks, TooShortALengthIsAnError) {

@@ -357,8 +357,9 @@ RulerWordSet parse_ruler_word_set(const std::string& name) {
   throw Error("unknown RULER word set '" + name + "' (known: all, heldout)");
 }
 
-RulerSources load_ruler_sources(const std::string& model_folder, const std::string& text_dir,
-                                RulerWordSet words) {
+namespace {
+
+RulerSources load_word_pools(const std::string& model_folder, RulerWordSet words) {
   const std::string words_path = model_folder + "/task_words.json";
   std::ifstream stream(words_path, std::ios::binary);
   if (!stream) {
@@ -401,7 +402,22 @@ RulerSources load_ruler_sources(const std::string& model_folder, const std::stri
                 " keys, " + std::to_string(sources.values.size()) + " values, " +
                 ruler_word_set_name(words) + " words)");
   }
+  return sources;
+}
+
+}  // namespace
+
+RulerSources load_ruler_sources(const std::string& model_folder, const std::string& text_dir,
+                                RulerWordSet words) {
+  RulerSources sources = load_word_pools(model_folder, words);
   sources.haystack_lines = read_lines(text_dir + "/janeausten/persuasion.txt");
+  return sources;
+}
+
+RulerSources load_ruler_noise_sources(const std::string& model_folder, RulerWordSet words) {
+  RulerSources sources = load_word_pools(model_folder, words);
+  sources.haystack_lines = {kNoiseLine};
+  sources.noise_haystack = true;
   return sources;
 }
 
@@ -451,7 +467,7 @@ RulerSample make_ruler_sample(RulerTask task, int length, int index, uint64_t ba
         needles.push_back({depths[i], needle_text(keys[i], values[i])});
       rendered =
           fit_haystack(lines, start, needles, "What is the secret of " + keys[asked] + "? It is",
-                       {values[asked]}, false, tokenizer, target, what);
+                       {values[asked]}, sources.noise_haystack, tokenizer, target, what);
       break;
     }
     case RulerTask::kNiahMultivalue: {
@@ -465,7 +481,7 @@ RulerSample make_ruler_sample(RulerTask task, int length, int index, uint64_t ba
       for (size_t i : appearance_order(depths)) answers.push_back(values[i]);
       rendered =
           fit_haystack(lines, start, needles, "What are all the secrets of " + key + "? They are",
-                       answers, false, tokenizer, target, what);
+                       answers, sources.noise_haystack, tokenizer, target, what);
       break;
     }
     case RulerTask::kNiahMultiquery: {
@@ -486,7 +502,7 @@ RulerSample make_ruler_sample(RulerTask task, int length, int index, uint64_t ba
       rendered =
           fit_haystack(lines, start, needles,
                        "What are the secrets of" + ruler_word_list(asked_keys) + "? They are",
-                       answers, false, tokenizer, target, what);
+                       answers, sources.noise_haystack, tokenizer, target, what);
       break;
     }
     case RulerTask::kVariableTracking: {

@@ -44,7 +44,10 @@ RulerWordSet parse_ruler_word_set(const std::string& name);
 struct RulerSources {
   RulerWordSet word_set = RulerWordSet::kAll;
   std::vector<std::string> haystack_lines;  // Persuasion split at '\n' (section 1)
-  std::vector<std::string> keys;            // selected pools, in task_words.json's order
+  // RULER's noise haystack instead of text: haystack_lines is the noise line alone (section 1), and
+  // the needle tasks repeat it as vt does (start line 0; the draws are the same as with text).
+  bool noise_haystack = false;
+  std::vector<std::string> keys;  // selected pools, in task_words.json's order
   std::vector<std::string> values;
   std::vector<std::string> numbers;     // `values` when fewer than 10 numbers are selected
   std::vector<std::string> list_words;  // sorted union of keys and values (cwe, fwe)
@@ -54,6 +57,10 @@ struct RulerSources {
 // naming the missing or malformed file.
 RulerSources load_ruler_sources(const std::string& model_folder, const std::string& text_dir,
                                 RulerWordSet words = RulerWordSet::kAll);
+// The same word pools with the noise haystack (noise_haystack), for when no text is at hand; reads
+// only <model_folder>/task_words.json. These samples are not those of the evaluation manifest.
+RulerSources load_ruler_noise_sources(const std::string& model_folder,
+                                      RulerWordSet words = RulerWordSet::kAll);
 
 struct RulerSample {
   RulerTask task = RulerTask::kNiahSingle;

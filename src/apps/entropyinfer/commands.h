@@ -11,5 +11,6 @@ void register_bench(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_bench_work(CLI::App& app);
 void register_eval(CLI::App& app);
+void register_needle(CLI::App& app);
 
 }  // namespace entropyinfer::cli

@@ -20,16 +20,12 @@
 #include "apps/entropyinfer/bench_cuda.h"
 #include "apps/entropyinfer/cli_common.h"
 #include "apps/entropyinfer/commands.h"
+#include "apps/entropyinfer/greedy_model.h"
 #include "attention/entropy_prefill.h"
 #include "core/error.h"
 #include "engine/transformer.h"
 #include "eval/eval_report.h"
 #include "eval/ruler_tasks.h"
-
-#ifdef ENTROPYINFER_WITH_CUDA
-#include "backends/cuda/cuda_common.h"
-#include "backends/cuda/cuda_transformer.h"
-#endif
 
 namespace entropyinfer::cli {
 namespace {
@@ -74,27 +70,6 @@ std::string format_duration(double seconds) {
   return text;
 }
 
-// "4096" or "4k" -> 4096; anything else is an Error naming the flag.
-int parse_token_count(const std::string& flag, const std::string& text) {
-  std::string digits = text;
-  int scale = 1;
-  if (!digits.empty() && (digits.back() == 'k' || digits.back() == 'K')) {
-    digits.pop_back();
-    scale = 1024;
-  }
-  size_t used = 0;
-  long long value = 0;
-  try {
-    value = std::stoll(digits, &used);
-  } catch (const std::logic_error&) {
-    used = 0;
-  }
-  if (digits.empty() || used != digits.size() || value < 1 || value * scale > (1 << 30)) {
-    throw Error(flag + ": '" + text + "' is not a positive number of tokens (e.g. 4096 or 4k)");
-  }
-  return static_cast<int>(value * scale);
-}
-
 std::vector<int> parse_token_counts(const std::string& flag, const std::vector<std::string>& list) {
   if (list.empty()) throw Error(flag + ": give at least one value");
   std::vector<int> values;
@@ -119,19 +94,6 @@ std::vector<eval::RulerTask> parse_tasks(const std::vector<std::string>& names) 
     tasks.push_back(task);
   }
   return tasks;
-}
-
-bool has_budget(const AttentionConfig& config) {
-  return config.prefill != PrefillMethod::kFull || config.decode != DecodeMethod::kFull;
-}
-
-// Matched budgets: at level B every method keeps B tokens per KV head (see budget_notes).
-AttentionConfig at_budget_level(AttentionConfig config, int budget, bool scale_threshold) {
-  config.prefill_params.base_budget = budget;
-  config.prefill_params.critiprefill_budget = budget;
-  config.decode_params.budget = budget;
-  if (scale_threshold) config.prefill_params.sparse_threshold = budget;
-  return config;
 }
 
 std::string budget_notes(bool scale_threshold, int fixed_threshold) {
@@ -285,28 +247,6 @@ std::vector<std::string> where_methods_stay_dense(const std::vector<PlannedRun>&
   return notes;
 }
 
-// Where the long texts are when --text-dir is not given: a shared/assets/text folder in the
-// current directory or the executable's, or in one of their parents (the assets live beside the
-// checkout, at ../shared/assets).
-std::string find_text_dir(const std::string& given) {
-  if (!given.empty()) return given;
-  std::vector<fs::path> starts = {fs::current_path()};
-  std::error_code error;
-  const fs::path executable = fs::read_symlink("/proc/self/exe", error);
-  if (!error) starts.push_back(executable.parent_path());
-  for (fs::path folder : starts) {
-    while (true) {
-      const fs::path candidate = folder / "shared" / "assets" / "text";
-      if (fs::is_directory(candidate)) return candidate.string();
-      if (folder == folder.parent_path() || folder.empty()) break;
-      folder = folder.parent_path();
-    }
-  }
-  throw Error(
-      "no shared/assets/text folder found above the current directory or the executable: pass "
-      "--text-dir (the folder holding janeausten/persuasion.txt)");
-}
-
 std::string command_line() {
   std::ifstream file("/proc/self/cmdline", std::ios::binary);
   std::ostringstream bytes;
@@ -333,83 +273,6 @@ std::string utc_date() {
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   return date;
 }
-
-// --- Greedy generation on either backend ---------------------------------------------------
-
-struct WorkFractions {
-  double prefill_keys = 1.0;
-  double cache_kept = 1.0;
-};
-
-class GreedyModel {
- public:
-  virtual ~GreedyModel() = default;
-  virtual void set_attention(const AttentionConfig& config) = 0;
-  // Forgets the sequence and runs the prompt; returns the greedy next token.
-  virtual int32_t prefill(std::span<const int32_t> prompt) = 0;
-  virtual int32_t step(int32_t token) = 0;
-  virtual WorkFractions work() const = 0;
-};
-
-template <typename Work>
-WorkFractions fractions_of(const Work& work) {
-  WorkFractions fractions;
-  if (work.prefill_keys_dense > 0) {
-    fractions.prefill_keys =
-        static_cast<double>(work.prefill_keys_read) / static_cast<double>(work.prefill_keys_dense);
-  }
-  if (work.compressed && work.cache_entries_before > 0) {
-    fractions.cache_kept = static_cast<double>(work.cache_entries_after) /
-                           static_cast<double>(work.cache_entries_before);
-  }
-  return fractions;
-}
-
-int32_t argmax(const std::vector<float>& logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
-
-class CpuGreedyModel : public GreedyModel {
- public:
-  CpuGreedyModel(const ModelWeights& weights, int context) : weights_(weights), context_(context) {}
-  void set_attention(const AttentionConfig& config) override {
-    model_ = std::make_unique<Transformer>(weights_, context_, config);
-  }
-  int32_t prefill(std::span<const int32_t> prompt) override {
-    model_->reset();
-    return argmax(model_->forward(prompt));
-  }
-  int32_t step(int32_t token) override {
-    return argmax(model_->forward(std::span<const int32_t>(&token, 1)));
-  }
-  WorkFractions work() const override { return fractions_of(model_->attention_work()); }
-
- private:
-  const ModelWeights& weights_;
-  int context_;
-  std::unique_ptr<Transformer> model_;
-};
-
-#ifdef ENTROPYINFER_WITH_CUDA
-class CudaGreedyModel : public GreedyModel {
- public:
-  CudaGreedyModel(const ModelWeights& weights, const cuda::CudaModelOptions& options)
-      : model_(weights, options) {}
-  void set_attention(const AttentionConfig& config) override { model_.set_attention(config); }
-  int32_t prefill(std::span<const int32_t> prompt) override {
-    model_.reset();
-    return model_.forward_greedy(prompt);
-  }
-  int32_t step(int32_t token) override {
-    return model_.forward_greedy(std::span<const int32_t>(&token, 1));
-  }
-  WorkFractions work() const override { return fractions_of(model_.attention_work()); }
-  const cuda::CudaTransformer& model() const { return model_; }
-
- private:
-  cuda::CudaTransformer model_;
-};
-#endif
 
 // --- Progress on stderr ------------------------------------------------------------------------
 
@@ -478,15 +341,7 @@ struct PreparedSample {
 void run_eval(const EvalArgs& args, CLI::App* command) {
   const auto eval_start = Clock::now();
   // Everything the flags can get wrong is checked before the model loads.
-  if (args.device != "cpu" && args.device != "cuda") {
-    throw Error("--device must be cpu or cuda, not '" + args.device + "'");
-  }
-#ifndef ENTROPYINFER_WITH_CUDA
-  if (args.device == "cuda") {
-    throw Error(
-        "--device cuda: this build has no CUDA backend (configure with -DENTROPYINFER_CUDA=ON)");
-  }
-#endif
+  check_device_flag(args.device);
   const std::vector<eval::RulerTask> tasks = parse_tasks(args.tasks);
   const std::vector<int> lengths = parse_token_counts("--lengths", args.lengths);
   const std::vector<int> budgets = parse_token_counts("--budgets", args.budgets);
@@ -507,29 +362,12 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
   }
   const AttentionConfig base = args.attention.resolve();
   // sparse_threshold follows the budget level unless the user set it.
-  bool threshold_given = command->get_option("--sparse-threshold")->count() > 0;
-  if (const CLI::Option* file = command->get_option("--attention-config"); file->count() > 0) {
-    std::ifstream stream(file->as<std::string>());
-    const nlohmann::json json = nlohmann::json::parse(stream, nullptr, false);
-    threshold_given = threshold_given ||
-                      (json.is_object() &&
-                       (json.contains("sparse_threshold") ||
-                        (json.contains("prefill_params") && json["prefill_params"].is_object() &&
-                         json["prefill_params"].contains("sparse_threshold"))));
-  }
-  if (args.methods.empty()) throw Error("--methods: give at least one method");
+  const bool threshold_given = sparse_threshold_given(command);
+  const std::vector<AttentionConfig> method_configs = parse_methods_flag(args.methods, base);
   std::vector<PlannedRun> runs;
-  std::set<std::string> seen_methods;
-  for (const std::string& method : args.methods) {
-    if (!seen_methods.insert(method).second) {
-      throw Error("--methods: '" + method + "' is given twice");
-    }
-    AttentionConfig config;
-    try {
-      config = parse_method(method, base);
-    } catch (const Error& error) {
-      throw Error("--methods: '" + method + "': " + error.what());
-    }
+  for (size_t m = 0; m < args.methods.size(); ++m) {
+    const std::string& method = args.methods[m];
+    const AttentionConfig& config = method_configs[m];
     if (!has_budget(config)) {
       runs.push_back({method, 0, config});
       continue;
@@ -561,9 +399,7 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
     throw Error("--lengths: " + std::to_string(longest) + " tokens exceed the model's " +
                 std::to_string(weights.config.max_position_embeddings) + "-token context");
   }
-  std::vector<int32_t> stop_ids(weights.config.eos_token_ids.begin(),
-                                weights.config.eos_token_ids.end());
-  for (int32_t id : tokenizer->eos_ids()) stop_ids.push_back(id);
+  const std::vector<int32_t> stop_ids = stop_token_ids(weights.config, *tokenizer);
 
   // The samples, made once and fed to every run.
   std::vector<PreparedSample> samples;
@@ -595,30 +431,9 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
                  seconds_since(start), isatty(STDERR_FILENO) ? "\033[K" : "");
   }
 
-  std::unique_ptr<GreedyModel> model;
-  std::string device_name = "cpu (" + std::to_string(omp_get_max_threads()) + " threads)";
-  if (args.device == "cuda") {
-#ifdef ENTROPYINFER_WITH_CUDA
-    if (cuda::device_count() == 0) throw Error("--device cuda: no CUDA device is present");
-    cuda::CudaModelOptions options;
-    options.context_length = longest;
-    options.chunk_tokens = args.chunk_tokens;
-    options.decode_room = 64;  // answers are at most a few dozen tokens
-    options.attention = runs.front().config;
-    std::fprintf(stderr, "uploading to the GPU...\n");
-    auto cuda_model = std::make_unique<CudaGreedyModel>(weights, options);
-    std::fprintf(stderr, "%s\n", cuda_model->model().memory_plan().describe().c_str());
-    model = std::move(cuda_model);
-    weights = ModelWeights{};  // the GPU holds its own copy
-    int device = 0;
-    cudaDeviceProp properties{};
-    cuda::check(cudaGetDevice(&device), "cudaGetDevice");
-    cuda::check(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
-    device_name = std::string("cuda (") + properties.name + ")";
-#endif
-  } else {
-    model = std::make_unique<CpuGreedyModel>(weights, longest);
-  }
+  std::string device_name;
+  const std::unique_ptr<GreedyModel> model = make_greedy_model(
+      args.device, weights, longest, args.chunk_tokens, runs.front().config, device_name);
 
   eval::EvalReport report;
   report.date = utc_date();

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   entropyinfer::cli::register_inspect(app);
   entropyinfer::cli::register_bench_work(app);
   entropyinfer::cli::register_eval(app);
+  entropyinfer::cli::register_needle(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

@@ -1,0 +1,103 @@
+// What `entropyinfer eval` and `entropyinfer needle` share: greedy generation on either backend
+// behind one interface, the --methods and budget-level rules, token counts written as 4096 or 4k,
+// and finding the shared assets and the shipped model beside the checkout.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "attention/attention_config.h"
+#include "engine/transformer.h"
+#include "model/model_weights.h"
+#include "tokenizer/tokenizer.h"
+
+namespace entropyinfer::cli {
+
+// Work of the last generation as fractions of full attention's.
+struct WorkFractions {
+  double prefill_keys = 1.0;  // keys the prefill read / keys full causal attention reads
+  double cache_kept = 1.0;    // decode cache entries after / before compression (1 without it)
+  bool compressed = false;    // whether the decode policy has compressed the cache yet
+};
+
+class GreedyModel {
+ public:
+  virtual ~GreedyModel() = default;
+  virtual void set_attention(const AttentionConfig& config) = 0;
+  // Forgets the sequence and runs the prompt; returns the greedy next token.
+  virtual int32_t prefill(std::span<const int32_t> prompt) = 0;
+  virtual int32_t step(int32_t token) = 0;
+  virtual WorkFractions work() const = 0;
+  // Called during long forward passes with (tokens done, tokens total); a backend that cannot
+  // report progress ignores it.
+  virtual void set_progress(Transformer::ProgressCallback /*callback*/) {}
+};
+
+class CpuGreedyModel : public GreedyModel {
+ public:
+  // `weights` must outlive the model.
+  CpuGreedyModel(const ModelWeights& weights, int context);
+  void set_attention(const AttentionConfig& config) override;
+  int32_t prefill(std::span<const int32_t> prompt) override;
+  int32_t step(int32_t token) override;
+  WorkFractions work() const override;
+  void set_progress(Transformer::ProgressCallback callback) override;
+
+ private:
+  const ModelWeights& weights_;
+  int context_;
+  std::unique_ptr<Transformer> model_;
+  Transformer::ProgressCallback progress_;
+};
+
+// "cpu" or "cuda"; Error for any other name, and for cuda in a build without the CUDA backend.
+void check_device_flag(const std::string& device);
+
+// The model on `device` ("cpu" or "cuda", checked by check_device_flag), sized for prompts plus
+// answers of at most `context` tokens, starting with attention `first`. The CPU model reads
+// `weights`, which must outlive it; the GPU keeps its own copy, and `weights` is emptied. Sets
+// `device_name` to what the report calls the device.
+std::unique_ptr<GreedyModel> make_greedy_model(const std::string& device, ModelWeights& weights,
+                                               int context, int chunk_tokens,
+                                               const AttentionConfig& first,
+                                               std::string& device_name);
+
+// The ids that end a generation: the model's EOS ids and the tokenizer's.
+std::vector<int32_t> stop_token_ids(const ModelConfig& config, const Tokenizer& tokenizer);
+
+// "4096" or "4k" -> 4096; anything else is an Error naming the flag.
+int parse_token_count(const std::string& flag, const std::string& text);
+
+// --methods: "prefill[+decode]" each (e.g. full, entropy+latent), none twice, each on `base`;
+// Error naming the bad entry.
+std::vector<AttentionConfig> parse_methods_flag(const std::vector<std::string>& methods,
+                                                const AttentionConfig& base);
+
+// Whether the method limits the work at all (full attention has no budget).
+bool has_budget(const AttentionConfig& config);
+
+// Matched budgets: at level B every method keeps B tokens per KV head (prefill base_budget and
+// critiprefill_budget, decode budget K), and sparse prefill segments start at B when
+// `scale_threshold` (the released threshold of 4096 would leave every 4k prompt dense).
+AttentionConfig at_budget_level(AttentionConfig config, int budget, bool scale_threshold);
+
+// Whether the user set sparse_threshold, by flag or in the --attention-config file; if not, the
+// budget level sets it.
+bool sparse_threshold_given(CLI::App* command);
+
+// The folder `relative` under the current directory, the executable's, or one of their parents (the
+// shared assets live beside the checkout, at ../shared/assets; the shipped models inside it).
+std::optional<std::filesystem::path> find_above_cwd_or_executable(
+    const std::filesystem::path& relative);
+
+// --text-dir if given, else shared/assets/text found above the current directory or the
+// executable; Error when there is none.
+std::string find_text_dir(const std::string& given);
+
+}  // namespace entropyinfer::cli
