@@ -145,7 +145,9 @@ TEST(CudaTransformerPolicies, SparsePrefillMatchesCpuPolicies) {
             static_cast<double>(shared) / std::max<size_t>(1, c.block_indices.size());
         std::cout << "[ measure ]   layer " << layer << ": " << c.block_indices.size()
                   << " blocks, shared with the CPU plan " << overlap << "\n";
-        if (first_sparse) EXPECT_GE(overlap, 0.9);
+        if (first_sparse) {
+          EXPECT_GE(overlap, 0.9);
+        }
         first_sparse = false;
       }
     }
@@ -205,6 +207,106 @@ TEST(CudaTransformerPolicies, DecodeCompressionMatchesCpuPolicies) {
       EXPECT_LE(again.worst_relative_l2, gpu_test::kMaxRelativeL2);
     }
   }
+}
+
+// compress_during_prefill compresses each layer right after its prefill, from the same window
+// queries: the same computation in another order, so the logits, the cache entries kept and every
+// decoded token equal compressing after the prefill (layer-major there too, so that the prefill
+// kernels are the same), while the plan needs one layer's full cache instead of all of them. A
+// layer within its budget keeps every row either way, but decodes through the ragged kernel here
+// and the dense one there: equal up to summation order (relative L2 5e-3).
+TEST(CudaTransformerPolicies, CompressingDuringThePrefillEqualsCompressingAfterIt) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const ModelConfig config = small_config(0);
+  const ModelWeights weights = gpu_exact_model(config, 51);
+  const auto prompt = test_prompt(600, config.vocab_size);
+  for (PrefillMethod prefill : {PrefillMethod::kFull, PrefillMethod::kEntropy}) {
+    for (DecodeMethod method : {DecodeMethod::kSnapKV, DecodeMethod::kAdaKV,
+                                DecodeMethod::kStreamingLLM, DecodeMethod::kPyramidKV}) {
+      for (int budget : {128, 1024}) {  // 1024: every layer within budget, kept whole
+        SCOPED_TRACE(prefill_method_name(prefill) + "+" + decode_method_name(method) + " @" +
+                     std::to_string(budget));
+        AttentionConfig attention = small_sparse(prefill, 128);
+        attention.decode = method;
+        attention.decode_params.budget = budget;
+        cuda::CudaModelOptions options;
+        options.context_length = 1024;
+        options.attention = attention;
+        options.decode_room = 64;
+        options.layer_major_prefill = true;
+        cuda::CudaTransformer after(weights, options);
+        options.compress_during_prefill = true;
+        cuda::CudaTransformer during(weights, options);
+        const bool within_budget = budget >= static_cast<int>(prompt.size());
+        if (!within_budget) {
+          EXPECT_LT(during.memory_plan().kv_cache, after.memory_plan().kv_cache);
+        }
+        EXPECT_EQ(during.kv_cache_bytes(), 0u);  // nothing before the prompt
+
+        for (int run = 0; run < 2; ++run) {  // the second run after reset()
+          std::vector<float> expected = after.forward(prompt);
+          std::vector<float> actual = during.forward(prompt);
+          Agreement agreement;
+          compare_rows(actual, expected, config.vocab_size, agreement);
+          ASSERT_TRUE(during.attention_work().compressed);
+          EXPECT_EQ(during.attention_work().cache_entries_after,
+                    after.attention_work().cache_entries_after);
+          EXPECT_EQ(during.attention_work().prefill_keys_read,
+                    after.attention_work().prefill_keys_read);
+          EXPECT_GT(during.kv_cache_bytes(), 0u);
+          for (int step = 0; step < 16; ++step) {
+            const int32_t token = static_cast<int32_t>(
+                std::max_element(expected.begin(), expected.end()) - expected.begin());
+            const std::vector<int32_t> one = {token};
+            expected = after.forward(one);
+            actual = during.forward(one);
+            compare_rows(actual, expected, config.vocab_size, agreement);
+          }
+          std::cout << "[ measure ] " << prefill_method_name(prefill) << "+"
+                    << decode_method_name(method) << " @" << budget << " run " << run
+                    << ": compressing during vs after the prefill, relative L2 "
+                    << agreement.worst_relative_l2 << ", argmax " << agreement.argmax_matches << "/"
+                    << agreement.rows << ", plan KV " << during.memory_plan().kv_cache << " vs "
+                    << after.memory_plan().kv_cache << " bytes\n";
+          EXPECT_LE(agreement.worst_relative_l2, within_budget ? 5e-3 : 1e-6);
+          EXPECT_GE(agreement.argmax_matches, agreement.rows - (within_budget ? 1 : 0));
+          after.reset();
+          during.reset();
+          EXPECT_EQ(during.kv_cache_bytes(), 0u);
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaTransformerPolicies, CompressingDuringThePrefillRefusesWhatItCannotDo) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const ModelConfig config = small_config(0);
+  const ModelWeights weights = gpu_exact_model(config, 61);
+  cuda::CudaModelOptions options;
+  options.context_length = 512;
+  options.compress_during_prefill = true;
+  for (DecodeMethod method : {DecodeMethod::kFull, DecodeMethod::kLatent}) {
+    options.attention.decode = method;
+    try {
+      cuda::CudaTransformer model(weights, options);
+      FAIL() << decode_method_name(method) << " was accepted";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("compress_during_prefill"), std::string::npos)
+          << error.what();
+    }
+  }
+  options.attention.decode = DecodeMethod::kSnapKV;
+  cuda::CudaTransformer model(weights, options);
+  try {
+    model.forward(std::vector<int32_t>{1});
+    FAIL() << "a one-token prompt was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("whole"), std::string::npos) << error.what();
+  }
+  // Still usable: a whole prompt goes through.
+  EXPECT_EQ(model.forward(test_prompt(100, config.vocab_size)).size(),
+            static_cast<size_t>(config.vocab_size));
 }
 
 TEST(CudaTransformerPolicies, InvalidAttentionSettingsAreOneClearError) {

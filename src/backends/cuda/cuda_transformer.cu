@@ -89,6 +89,20 @@ int64_t layer_major_chunk(int64_t chunk, int block_size) {
   return std::max<int64_t>(block_size, chunk / block_size * block_size);
 }
 
+// An upper bound on one layer's compressed cache rows (all cache heads, decode room included), for
+// the memory plan: every head is allocated at the longest head's length. AdaKV may give one head
+// up to its whole layer's budget, PyramidKV's lowest layer up to twice the average budget.
+int64_t compressed_rows_bound(const ModelConfig& config, DecodeMethod method,
+                              const DecodeParams& params, int context, int decode_room) {
+  const int64_t heads = params.per_query_head ? config.num_heads : config.num_kv_heads;
+  int64_t longest = params.budget;
+  if (method == DecodeMethod::kAdaKV) longest *= heads;
+  if (method == DecodeMethod::kPyramidKV) longest *= 2;
+  longest = std::min<int64_t>(longest, context);
+  const int64_t room = std::max(1, std::min(decode_room, context));
+  return heads * (longest + room);
+}
+
 // Sums the GPU time between pairs of events recorded on a stream, read once the work is done.
 class EventTimer {
  public:
@@ -143,7 +157,16 @@ GpuMemoryPlan CudaTransformer::plan(const ModelConfig& config, const CudaModelOp
   plan.weights +=
       sizeof(float) * (config.num_layers * (2 * w.hidden + w.qkv + w.hidden + 2 * w.head_dim) +
                        w.hidden);  // norms and biases, whether present or not
-  plan.kv_cache = sizeof(bf16) * 2 * static_cast<size_t>(config.num_layers) * w.kv * context;
+  const AttentionConfig& attention = options.attention;
+  if (options.compress_during_prefill) {
+    // One layer's full cache while that layer is prefilled, then every layer's compressed cache.
+    plan.kv_cache = sizeof(bf16) * 2 * static_cast<size_t>(w.kv) * context +
+                    sizeof(bf16) * 2 * static_cast<size_t>(config.num_layers) * config.head_dim *
+                        compressed_rows_bound(config, attention.decode, attention.decode_params,
+                                              context, options.decode_room);
+  } else {
+    plan.kv_cache = sizeof(bf16) * 2 * static_cast<size_t>(config.num_layers) * w.kv * context;
+  }
   const int64_t bf16_row =
       2 * w.hidden + w.qkv + w.q + 3 * w.intermediate;  // normed, qkv, attn, gate|up, act
   plan.activations =
@@ -161,8 +184,7 @@ GpuMemoryPlan CudaTransformer::plan(const ModelConfig& config, const CudaModelOp
   decode.cache_stride = context;
   plan.activations +=
       sizeof(float) * flash_decode_workspace_floats(decode, flash_decode_splits(decode));
-  const AttentionConfig& attention = options.attention;
-  if (sparse_prefill(attention) || options.layer_major_prefill) {
+  if (sparse_prefill(attention) || options.layer_major_prefill || options.compress_during_prefill) {
     // The whole prompt's residual stream, queries and attention output.
     plan.activations +=
         static_cast<size_t>(context) * (sizeof(float) * w.hidden + 2 * sizeof(bf16) * w.q);
@@ -229,6 +251,11 @@ struct CudaTransformer::State {
   // Attention policies.
   AttentionConfig attention;
   bool layer_major = false;
+  // compress_during_prefill: no full cache per layer; each layer's prompt keys and values go into
+  // this one full-size cache, which that layer's compression reads, and which is freed after the
+  // prompt.
+  bool compress_in_prefill = false;
+  DeviceBuffer<bf16> scratch_keys, scratch_values;
   std::unique_ptr<PrefillEstimator> estimator;   // sparse prefill methods
   std::unique_ptr<DecodeCompressor> compressor;  // compressing decode methods
   int compress_after = 0;                        // generated tokens before compressing
@@ -286,8 +313,10 @@ struct CudaTransformer::State {
         layer.q_norm.allocate(w.head_dim);
         layer.k_norm.allocate(w.head_dim);
       }
-      layer.keys.allocate(static_cast<size_t>(w.kv) * context);
-      layer.values.allocate(static_cast<size_t>(w.kv) * context);
+      if (!options.compress_during_prefill) {
+        layer.keys.allocate(static_cast<size_t>(w.kv) * context);
+        layer.values.allocate(static_cast<size_t>(w.kv) * context);
+      }
     }
     embedding.allocate(static_cast<size_t>(w.vocab * w.hidden));
     if (!c.tied_embeddings) lm_head.allocate(static_cast<size_t>(w.vocab * w.hidden));
@@ -334,7 +363,8 @@ struct CudaTransformer::State {
     reset();
     attention = options.attention;
     attention.validate();
-    layer_major = sparse_prefill(attention) || options.layer_major_prefill;
+    compress_in_prefill = options.compress_during_prefill;
+    layer_major = sparse_prefill(attention) || options.layer_major_prefill || compress_in_prefill;
     decode_room = options.decode_room;
     if (decode_room < 1) throw Error("decode_room must be at least 1 token");
     estimator.reset();
@@ -369,6 +399,12 @@ struct CudaTransformer::State {
         window_rings.allocate(static_cast<size_t>(config.num_layers) * window * w.q);
         window_oldest_first.allocate(static_cast<size_t>(window) * w.q);
       }
+    }
+    if (compress_in_prefill && (!compressor || compress_after != 0)) {
+      throw Error(
+          "compress_during_prefill needs a decode method that compresses right after the "
+          "prompt (snapkv, adakv, pyramidkv, streaming), not " +
+          decode_method_name(attention.decode));
     }
   }
   int decode_room = 4096;
@@ -727,6 +763,11 @@ struct CudaTransformer::State {
       check(cudaMemsetAsync(key_counters.data(), 0, 2 * sizeof(unsigned long long), stream),
             "counters");
     int64_t host_keys = 0;  // dense layers' keys, counted on the host
+    if (compress_in_prefill) {
+      scratch_keys.allocate(static_cast<size_t>(w.kv) * context);
+      scratch_values.allocate(static_cast<size_t>(w.kv) * context);
+      begin_compression(static_cast<int>(n));
+    }
     for (int64_t t0 = 0; t0 < n; t0 += step) {
       const int64_t m = std::min<int64_t>(step, n - t0);
       cuda::embedding(embedding.data(), ids.data() + t0, m, w.hidden,
@@ -734,6 +775,8 @@ struct CudaTransformer::State {
     }
     for (int index = 0; index < config.num_layers; ++index) {
       Layer& layer = layers[index];
+      bf16* cache_keys = compress_in_prefill ? scratch_keys.data() : layer.keys.data();
+      bf16* cache_values = compress_in_prefill ? scratch_values.data() : layer.values.data();
       for (int64_t t0 = 0; t0 < n; t0 += step) {
         const int64_t m = std::min<int64_t>(step, n - t0);
         enqueue_qkv(layer, prompt_hidden.data() + t0 * w.hidden, m, cos_table + t0 * w.half_rotary,
@@ -741,8 +784,8 @@ struct CudaTransformer::State {
         const bf16* q = qkv.data();
         const bf16* k = qkv.data() + w.q;
         const bf16* v = qkv.data() + w.q + w.kv;
-        append_kv(k, v, m, w.qkv, config.num_kv_heads, w.head_dim, layer.keys.data(),
-                  layer.values.data(), context, t0, stream);
+        append_kv(k, v, m, w.qkv, config.num_kv_heads, w.head_dim, cache_keys, cache_values,
+                  context, t0, stream);
         check(cudaMemcpy2DAsync(prompt_q.data() + t0 * w.q, sizeof(bf16) * w.q, q,
                                 sizeof(bf16) * w.qkv, sizeof(bf16) * w.q, m,
                                 cudaMemcpyDeviceToDevice, stream),
@@ -750,7 +793,7 @@ struct CudaTransformer::State {
         record_window(index, q, w.qkv, t0, m);
         if (estimator) {
           estimate_timer.start(stream);
-          estimator->record_key_blocks(layer.keys.data(), context, t0, m, stream);
+          estimator->record_key_blocks(cache_keys, context, t0, m, stream);
           estimate_timer.stop(stream);
         }
       }
@@ -769,15 +812,21 @@ struct CudaTransformer::State {
           estimator->accumulate_keys_read(key_counters.data(), key_counters.data() + 1, stream);
         }
         attention_timer.start(stream);
-        flash_prefill_block_sparse(prompt_q.data(), layer.keys.data(), layer.values.data(), shape,
-                                   plan, prompt_attention.data(), stream);
+        flash_prefill_block_sparse(prompt_q.data(), cache_keys, cache_values, shape, plan,
+                                   prompt_attention.data(), stream);
         attention_timer.stop(stream);
       } else {
         host_keys += static_cast<int64_t>(dense_keys_per_layer);
         attention_timer.start(stream);
-        flash_prefill(prompt_q.data(), layer.keys.data(), layer.values.data(), shape,
-                      prompt_attention.data(), stream);
+        flash_prefill(prompt_q.data(), cache_keys, cache_values, shape, prompt_attention.data(),
+                      stream);
         attention_timer.stop(stream);
+      }
+      if (compress_in_prefill) {
+        // The layer's attention has read its full cache (stream order); the compaction ends with a
+        // synchronisation, after which the next layer may overwrite the full-size cache.
+        compress_layer(index, cache_keys, cache_values, static_cast<int>(n),
+                       keeps_window ? static_cast<int>(std::min<int64_t>(window, n)) : 0);
       }
       for (int64_t t0 = 0; t0 < n; t0 += step) {
         const int64_t m = std::min<int64_t>(step, n - t0);
@@ -796,6 +845,11 @@ struct CudaTransformer::State {
             "work counters");
     }
     check(cudaStreamSynchronize(stream), "prefill");
+    if (compress_in_prefill) {
+      finish_compression();
+      scratch_keys.release();
+      scratch_values.release();
+    }
     work.prefill_keys_read = host_keys + static_cast<int64_t>(counters[0]);
     work.prefill_keys_dense = host_keys + static_cast<int64_t>(counters[1]);
     work.estimate_ms = estimate_timer.total_ms();
@@ -812,72 +866,133 @@ struct CudaTransformer::State {
   // each layer's plan is made on the GPU from its observation window, the kept rows are gathered
   // into per-head caches sized to the longest head plus decode_room, and the full cache is freed.
   void compress() {
-    const auto start = std::chrono::steady_clock::now();
-    const int group = config.num_heads / config.num_kv_heads;
-    work.cache_bytes_before = cache_bytes();
-    work.cache_entries_before =
-        static_cast<int64_t>(config.num_layers) * config.num_kv_heads * position;
-    work.cache_entries_after = 0;
-    const int room = std::max(1, std::min(decode_room, context - position));
+    begin_compression(position);
     const int window_tokens = keeps_window ? std::min(window, window_count) : 0;
-    size_t workspace_floats = 1;
     for (int index = 0; index < config.num_layers; ++index) {
       Layer& layer = layers[index];
-      if (keeps_window) {
-        // Oldest first: the ring slots of positions position - window_tokens .. position - 1.
-        const bf16* ring = window_rings.data() + static_cast<size_t>(index) * window * w.q;
-        for (int row = 0; row < window_tokens;) {
-          const int slot = (position - window_tokens + row) % window;
-          const int run = std::min(window_tokens - row, window - slot);
-          check(cudaMemcpyAsync(window_oldest_first.data() + static_cast<size_t>(row) * w.q,
-                                ring + static_cast<size_t>(slot) * w.q, sizeof(bf16) * run * w.q,
-                                cudaMemcpyDeviceToDevice, stream),
-                "window queries");
-          row += run;
-        }
-      }
-      const DeviceDecodePlan plan =
-          compressor->plan(keeps_window ? window_oldest_first.data() : nullptr, window_tokens,
-                           layer.keys.data(), context, position, index, stream);
-      if (plan.heads == 0) {  // the cache is within this layer's budget: nothing to drop
-        work.cache_entries_after += static_cast<int64_t>(config.num_kv_heads) * position;
-        continue;
-      }
-      std::vector<int32_t> offsets(static_cast<size_t>(plan.heads) + 1);
-      check(cudaMemcpyAsync(offsets.data(), plan.kept_offsets, sizeof(int32_t) * offsets.size(),
-                            cudaMemcpyDeviceToHost, stream),
-            "compression plan");
-      check(cudaStreamSynchronize(stream), "compression plan");
-      int longest = 0;
-      for (int c = 0; c < plan.heads; ++c) longest = std::max(longest, offsets[c + 1] - offsets[c]);
-      work.cache_entries_after += offsets.back();
-      const int64_t stride = longest + room;
-      DeviceBuffer<bf16> keys(static_cast<size_t>(plan.heads) * stride * w.head_dim);
-      DeviceBuffer<bf16> values(static_cast<size_t>(plan.heads) * stride * w.head_dim);
-      DeviceBuffer<int32_t> lengths(static_cast<size_t>(plan.heads));
-      compact_cache(layer.keys.data(), layer.values.data(), context, config.num_kv_heads,
-                    config.head_dim, plan, plan.per_query_head ? group : 1, keys.data(),
-                    values.data(), stride, lengths.data(), stream);
-      check(cudaStreamSynchronize(stream), "cache compaction");  // before the old cache is freed
-      layer.keys = std::move(keys);
-      layer.values = std::move(values);
-      layer.lengths = std::move(lengths);
-      layer.compressed = true;
-      layer.per_query_head = plan.per_query_head;
-      layer.cache_heads = plan.heads;
-      layer.cache_stride = stride;
-      const RaggedShape shape = ragged_shape(layer);
-      layer.decode_splits = ragged_decode_splits(shape);
-      workspace_floats =
-          std::max(workspace_floats, ragged_decode_workspace_floats(shape, layer.decode_splits));
+      compress_layer(index, layer.keys.data(), layer.values.data(), position, window_tokens);
     }
-    ragged_workspace.allocate(workspace_floats);
+    finish_compression();
+  }
+
+  size_t compression_workspace_floats = 1;
+  double compression_seconds = 0;
+
+  void begin_compression(int tokens) {
+    // Under compress_during_prefill no full cache is ever whole: "before" is what it would take.
+    work.cache_bytes_before = compress_in_prefill
+                                  ? sizeof(bf16) * 2 * static_cast<size_t>(config.num_layers) *
+                                        static_cast<size_t>(w.kv) * context
+                                  : cache_bytes();
+    work.cache_entries_before =
+        static_cast<int64_t>(config.num_layers) * config.num_kv_heads * tokens;
+    work.cache_entries_after = 0;
+    compression_workspace_floats = 1;
+    compression_seconds = 0;
+  }
+
+  // Compresses layer `index`, whose full cache (per KV head a [context][head_dim] slab) holds
+  // `tokens` rows, with the last `window_tokens` queries of its ring as the observation window.
+  void compress_layer(int index, const bf16* full_keys, const bf16* full_values, int tokens,
+                      int window_tokens) {
+    const auto start = std::chrono::steady_clock::now();
+    Layer& layer = layers[index];
+    const int group = config.num_heads / config.num_kv_heads;
+    const int room = std::max(1, std::min(decode_room, context - tokens));
+    if (keeps_window) {
+      // Oldest first: the ring slots of positions tokens - window_tokens .. tokens - 1.
+      const bf16* ring = window_rings.data() + static_cast<size_t>(index) * window * w.q;
+      for (int row = 0; row < window_tokens;) {
+        const int slot = (tokens - window_tokens + row) % window;
+        const int run = std::min(window_tokens - row, window - slot);
+        check(cudaMemcpyAsync(window_oldest_first.data() + static_cast<size_t>(row) * w.q,
+                              ring + static_cast<size_t>(slot) * w.q, sizeof(bf16) * run * w.q,
+                              cudaMemcpyDeviceToDevice, stream),
+              "window queries");
+        row += run;
+      }
+    }
+    const DeviceDecodePlan plan =
+        compressor->plan(keeps_window ? window_oldest_first.data() : nullptr, window_tokens,
+                         full_keys, context, tokens, index, stream);
+    if (plan.heads == 0) {  // the cache is within this layer's budget: nothing to drop
+      work.cache_entries_after += static_cast<int64_t>(config.num_kv_heads) * tokens;
+      if (compress_in_prefill) keep_whole_layer(layer, full_keys, full_values, tokens, room);
+      compression_seconds += seconds_since(start);
+      return;
+    }
+    std::vector<int32_t> offsets(static_cast<size_t>(plan.heads) + 1);
+    check(cudaMemcpyAsync(offsets.data(), plan.kept_offsets, sizeof(int32_t) * offsets.size(),
+                          cudaMemcpyDeviceToHost, stream),
+          "compression plan");
+    check(cudaStreamSynchronize(stream), "compression plan");
+    int longest = 0;
+    for (int c = 0; c < plan.heads; ++c) longest = std::max(longest, offsets[c + 1] - offsets[c]);
+    work.cache_entries_after += offsets.back();
+    const int64_t stride = longest + room;
+    DeviceBuffer<bf16> keys(static_cast<size_t>(plan.heads) * stride * w.head_dim);
+    DeviceBuffer<bf16> values(static_cast<size_t>(plan.heads) * stride * w.head_dim);
+    DeviceBuffer<int32_t> lengths(static_cast<size_t>(plan.heads));
+    compact_cache(full_keys, full_values, context, config.num_kv_heads, config.head_dim, plan,
+                  plan.per_query_head ? group : 1, keys.data(), values.data(), stride,
+                  lengths.data(), stream);
+    check(cudaStreamSynchronize(stream), "cache compaction");  // before the old cache is freed
+    install_ragged(layer, std::move(keys), std::move(values), std::move(lengths), plan.heads,
+                   plan.per_query_head, stride);
+    compression_seconds += seconds_since(start);
+  }
+
+  // compress_during_prefill, a layer within its budget: all its rows move out of the full-size
+  // cache (which the next layer reuses) into a cache of their own, with room to decode.
+  void keep_whole_layer(Layer& layer, const bf16* full_keys, const bf16* full_values, int tokens,
+                        int room) {
+    const int heads = config.num_kv_heads;
+    const int64_t stride = static_cast<int64_t>(tokens) + room;
+    DeviceBuffer<bf16> keys(static_cast<size_t>(heads) * stride * w.head_dim);
+    DeviceBuffer<bf16> values(static_cast<size_t>(heads) * stride * w.head_dim);
+    const size_t row_bytes = sizeof(bf16) * static_cast<size_t>(w.head_dim);
+    const std::pair<bf16*, const bf16*> copies[] = {{keys.data(), full_keys},
+                                                    {values.data(), full_values}};
+    for (const auto& [target, source] : copies) {
+      check(cudaMemcpy2DAsync(target, row_bytes * stride, source, row_bytes * context,
+                              row_bytes * tokens, heads, cudaMemcpyDeviceToDevice, stream),
+            "cache copy");
+    }
+    const std::vector<int32_t> host_lengths(static_cast<size_t>(heads), tokens);
+    DeviceBuffer<int32_t> lengths(static_cast<size_t>(heads));
+    lengths.upload(host_lengths.data(), host_lengths.size());
+    check(cudaStreamSynchronize(stream), "cache copy");  // before the full-size cache is reused
+    install_ragged(layer, std::move(keys), std::move(values), std::move(lengths), heads, false,
+                   stride);
+  }
+
+  void install_ragged(Layer& layer, DeviceBuffer<bf16> keys, DeviceBuffer<bf16> values,
+                      DeviceBuffer<int32_t> lengths, int heads, bool per_query_head,
+                      int64_t stride) {
+    layer.keys = std::move(keys);
+    layer.values = std::move(values);
+    layer.lengths = std::move(lengths);
+    layer.compressed = true;
+    layer.per_query_head = per_query_head;
+    layer.cache_heads = heads;
+    layer.cache_stride = stride;
+    const RaggedShape shape = ragged_shape(layer);
+    layer.decode_splits = ragged_decode_splits(shape);
+    compression_workspace_floats = std::max(
+        compression_workspace_floats, ragged_decode_workspace_floats(shape, layer.decode_splits));
+  }
+
+  void finish_compression() {
+    ragged_workspace.allocate(compression_workspace_floats);
     work.cache_bytes_after = cache_bytes();
     work.compressed = true;
     compressed = true;
     drop_graph();  // the captured steps read the old caches
-    work.compression_ms =
-        1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    work.compression_ms = 1e3 * compression_seconds;
+  }
+
+  static double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
   void drop_graph() {
@@ -899,8 +1014,10 @@ struct CudaTransformer::State {
         if (!layer.compressed) continue;
         layer.keys.release();
         layer.values.release();
-        layer.keys.allocate(static_cast<size_t>(w.kv) * context);
-        layer.values.allocate(static_cast<size_t>(w.kv) * context);
+        if (!compress_in_prefill) {  // that mode has no full cache per layer
+          layer.keys.allocate(static_cast<size_t>(w.kv) * context);
+          layer.values.allocate(static_cast<size_t>(w.kv) * context);
+        }
         full_cache_shape(layer);
       }
       ragged_workspace.release();
@@ -913,6 +1030,11 @@ struct CudaTransformer::State {
   const float* run(std::span<const int32_t> tokens, bool all_logits, std::vector<float>* all) {
     check_tokens(tokens);
     const int64_t n = static_cast<int64_t>(tokens.size());
+    if (compress_in_prefill && !compressed && (position != 0 || n < 2)) {
+      throw Error(
+          "compress_during_prefill: the prompt must come whole, in one call of at least 2 "
+          "tokens from position 0");
+    }
     if (compressed && n > 1) {
       // A compressed cache has heads of different lengths; new tokens go through one at a time.
       if (all_logits) all->assign(static_cast<size_t>(n * w.vocab), 0.0f);

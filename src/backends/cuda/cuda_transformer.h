@@ -2,7 +2,8 @@
 // bf16 weights (q/k/v and gate/up fused into one product each), bf16 head-major KV cache, fp32
 // residual stream. Prompts run in chunks of chunk_tokens through all layers, so activation memory
 // stays bounded at any prompt length; single tokens decode with split-KV attention. All GPU memory
-// (weights, the cache for the whole context, activations) is planned and allocated up front.
+// (weights, the cache for the whole context, activations) is planned up front and allocated up
+// front, except under compress_during_prefill (one layer's full cache at a time).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,13 @@ struct CudaModelOptions {
   // After compression the cache keeps room for this many more tokens (at most the rest of the
   // context); decoding past it is an error.
   int decode_room = 4096;
+  // Decode methods that compress right after the prompt (SnapKV, AdaKV, PyramidKV, StreamingLLM)
+  // compress each layer as soon as its prefill is done, from the same window queries, so only one
+  // layer's full cache ever exists: the prompt runs layer by layer, no full cache is allocated up
+  // front, and the longest prompt is bounded by the prompt's activations instead of the whole
+  // model's full cache. The selections are those of compressing after the prefill. Needs such a
+  // decode method (not latent, which waits for generated tokens) and the prompt in one call.
+  bool compress_during_prefill = false;
 };
 
 // What the attention policies did in the last prefill and compression, for reading each time next
