@@ -6,7 +6,9 @@
 # table last.
 #   OUT            output folder (the device run sets it)
 #   GPU_ROUND      what to run: comma-separated subset of
-#                  build,quality,tests,attention,sparse,model,methods,bench (default: all but quality)
+#                  build,quality,tests,attention,sparse,model,methods,bench,capacity
+#                  (default: all but quality and capacity)
+#   CAPACITY_METHODS (default full,entropy+snapkv), CAPACITY_PREFILL_SECONDS (default 300)
 #   EVAL_SECONDS   quality: time for the eval of the shipped model (default 300); EVAL_SAMPLES at most
 #                  (default 20) samples per cell; EVAL_LENGTHS, EVAL_BUDGETS; TEXT_DIR (carry .cache/assets-text)
 #   BENCH_LENGTHS  attention lengths (default 8192,32768,131072)
@@ -169,6 +171,16 @@ if [[ "${steps}" == *",sparse,"* && -x "${build}/entropyinfer_gpu_bench" ]]; the
   # The block-sparse kernel alone at the method's typical work (every head at the base budget).
   timeout -k 10 300 "${build}/entropyinfer_gpu_bench" sparse-attention --lengths "${method_lengths}" \
     --json "${out}/sparse-attention.json" 2>&1 | tee -a "${log}" || step_failed "sparse attention benchmark"
+fi
+
+if [[ "${steps}" == *",capacity,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
+  # The longest prompt one H200 holds per method (Llama-3.1-8B shape), found by constructing the
+  # engine; long: the full-attention prompt alone is capped at CAPACITY_PREFILL_SECONDS.
+  section capacity
+  timeout -k 10 "${CAPACITY_TIMEOUT:-560}" "${build}/entropyinfer_gpu_bench" capacity \
+    --methods "${CAPACITY_METHODS:-full,entropy+snapkv}" \
+    --max-prefill-seconds "${CAPACITY_PREFILL_SECONDS:-300}" --json "${out}/capacity.json" 2>&1 |
+    tee -a "${log}" || step_failed "capacity"
 fi
 
 if [[ "${steps}" == *",methods,"* && -x "${build}/entropyinfer" ]]; then

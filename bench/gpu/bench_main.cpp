@@ -2,6 +2,8 @@
 //   attention  prefill kernels' TFLOP/s (causal) and split-KV decode bandwidth at several lengths
 //   model      whole-model prefill and decode of a random-weight model of a real shape
 //   sparse-attention  block-sparse prefill on EntropyInfer's typical plan against dense prefill
+//   capacity   the longest prompt one GPU holds per attention method, found by constructing the
+//   engine
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -10,7 +12,8 @@
 
 namespace entropyinfer::bench {
 int run_sparse_attention_bench(int argc, char** argv);  // bench_sparse_attention.cpp
-}
+int run_capacity_bench(int argc, char** argv);          // bench_capacity.cpp
+}  // namespace entropyinfer::bench
 
 int main(int argc, char** argv) {
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0) {
@@ -25,7 +28,11 @@ int main(int argc, char** argv) {
            "       entropyinfer_gpu_bench sparse-attention [--lengths 32768,65536,131072]\n"
            "         [--q-heads 32] [--kv-heads 8] [--head-dim 128] [--segment 512] [--block 8]\n"
            "         [--top-blocks 256] [--threshold 4096] [--kernel auto|wgmma|wgmma_simple|mma]\n"
-           "         [--json PATH]\n";
+           "         [--json PATH]\n"
+           "       entropyinfer_gpu_bench capacity [--shape llama-3.1-8b] [--methods "
+           "full,entropy+snapkv]\n"
+           "         [--step 65536] [--max-context 8388608] [--decode-tokens 8] [--chunk 16384]\n"
+           "         [--calibration-tokens 32768] [--max-prefill-seconds 400] [--json PATH]\n";
     return argc < 2 ? 2 : 0;
   }
   try {
@@ -40,6 +47,8 @@ int main(int argc, char** argv) {
       return entropyinfer::bench::run_model_bench(argc - 2, argv + 2);
     if (std::strcmp(argv[1], "sparse-attention") == 0)
       return entropyinfer::bench::run_sparse_attention_bench(argc - 2, argv + 2);
+    if (std::strcmp(argv[1], "capacity") == 0)
+      return entropyinfer::bench::run_capacity_bench(argc - 2, argv + 2);
     std::cerr << "error: unknown benchmark '" << argv[1] << "'\n";
     return 2;
   } catch (const std::exception& error) {
