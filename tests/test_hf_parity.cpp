@@ -6,85 +6,41 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "engine/transformer.h"
 #include "model/model_weights.h"
+#include "parity_fixture_support.h"
 #include "test_support.h"
 #include "tokenizer/tokenizer.h"
 
 namespace entropyinfer {
 namespace {
 
-namespace fs = std::filesystem;
-
 // fp32 checkpoints computed in fp32 by both sides: only summation order differs.
 constexpr double kFp32RelativeTolerance = 1e-4;
 
-std::string parity_root() { return testing::fixtures_dir() + "/parity"; }
+using parity::compare_rows;
+using parity::context_needed;
+using parity::describe;
+using parity::Deviation;
+using parity::first_argmax;
+using parity::load_fixture;
+using parity::parity_case_names;
+using parity::parity_root;
+using parity::ParityFixture;
 
-// Case names (sub-folders holding an expected.json), sorted so the test list is stable.
-std::vector<std::string> parity_case_names() {
-  std::vector<std::string> names;
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator(parity_root(), error)) {
-    if (entry.is_directory() && fs::exists(entry.path() / "expected.json")) {
-      names.push_back(entry.path().filename().string());
-    }
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-struct ParityFixture {
-  std::string folder;
-  nlohmann::json expected;
-  std::vector<std::vector<int32_t>> prompts;
-  int vocab = 0;
-  int rows = 0;
-};
-
+// The file's fp32 values, expecting `expected_count` of them.
 std::vector<float> read_f32(const std::string& path, size_t expected_count) {
   const std::string raw = testing::read_file_bytes(path);
   EXPECT_EQ(raw.size(), expected_count * sizeof(float)) << path;
-  std::vector<float> values(raw.size() / sizeof(float));
-  std::memcpy(values.data(), raw.data(), values.size() * sizeof(float));
-  return values;
-}
-
-ParityFixture load_fixture(const std::string& name) {
-  ParityFixture fixture;
-  fixture.folder = parity_root() + "/" + name;
-  std::ifstream stream(fixture.folder + "/expected.json");
-  fixture.expected = nlohmann::json::parse(stream);
-  for (const auto& prompt : fixture.expected.at("prompts")) {
-    fixture.prompts.push_back(prompt.get<std::vector<int32_t>>());
-  }
-  fixture.rows = fixture.expected.at("logits_shape").at(0).get<int>();
-  fixture.vocab = fixture.expected.at("logits_shape").at(1).get<int>();
-  return fixture;
-}
-
-// Enough positions for the longest prompt plus its greedy continuation.
-int context_needed(const ParityFixture& fixture) {
-  size_t longest = 0;
-  for (const auto& prompt : fixture.prompts) longest = std::max(longest, prompt.size());
-  size_t continuation = 0;
-  for (const auto& tokens : fixture.expected.at("greedy_continuations")) {
-    continuation = std::max(continuation, tokens.size());
-  }
-  return static_cast<int>(longest + continuation + 1);
+  return parity::floats_from_bytes(raw);
 }
 
 // The engine sized for the fixture's longest prompt plus its continuation. llama_dynamic runs past
@@ -100,43 +56,6 @@ std::unique_ptr<Transformer> make_transformer(const ModelWeights& weights,
                   << weights.config.max_position_embeddings << "), refused: " << error.what();
     return nullptr;
   }
-}
-
-int first_argmax(const float* row, int count) {
-  return static_cast<int>(std::max_element(row, row + count) - row);
-}
-
-struct Deviation {
-  double relative = 0.0;  // max |engine - reference| / max |reference|
-  double max_abs_diff = 0.0;
-  double reference_scale = 0.0;
-  int row = 0;  // position within the prompt
-  int token = 0;
-};
-
-Deviation compare_rows(const std::vector<float>& engine, const float* reference, int rows,
-                       int vocab) {
-  Deviation deviation;
-  for (int64_t i = 0; i < static_cast<int64_t>(rows) * vocab; ++i) {
-    deviation.reference_scale =
-        std::max(deviation.reference_scale, std::fabs(double(reference[i])));
-    const double diff = std::fabs(double(engine[i]) - double(reference[i]));
-    if (diff > deviation.max_abs_diff || std::isnan(diff)) {
-      deviation.max_abs_diff = std::isnan(diff) ? INFINITY : diff;
-      deviation.row = static_cast<int>(i / vocab);
-      deviation.token = static_cast<int>(i % vocab);
-    }
-  }
-  deviation.relative = deviation.max_abs_diff / std::max(deviation.reference_scale, 1e-30);
-  return deviation;
-}
-
-std::string describe(const Deviation& deviation) {
-  std::ostringstream text;
-  text << "max|diff| " << deviation.max_abs_diff << " over max|ref| " << deviation.reference_scale
-       << " = " << deviation.relative << " (prompt position " << deviation.row << ", token "
-       << deviation.token << ")";
-  return text.str();
 }
 
 // The fixtures this suite is meant to cover; a missing one is a failure, not a silent skip.
@@ -208,12 +127,12 @@ TEST_P(HfParity, LogitsMatchTransformersAtEveryPromptPosition) {
     ASSERT_EQ(logits.size(), static_cast<size_t>(rows) * fixture.vocab) << "prompt " << p;
     ASSERT_LE(offset + logits.size(), count);
     const Deviation deviation =
-        compare_rows(logits, reference.data() + offset, rows, fixture.vocab);
+        compare_rows(logits.data(), reference.data() + offset, rows, fixture.vocab);
     EXPECT_LE(deviation.relative, tolerance)
         << GetParam() << " prompt " << p << " (" << rows << " tokens): " << describe(deviation);
     if (is_bf16) {
       const Deviation fp32_deviation =
-          compare_rows(logits, fp32_reference.data() + offset, rows, fixture.vocab);
+          compare_rows(logits.data(), fp32_reference.data() + offset, rows, fixture.vocab);
       EXPECT_LE(fp32_deviation.relative, kFp32RelativeTolerance)
           << GetParam() << " prompt " << p
           << " against the fp32 run of the bf16 weights: " << describe(fp32_deviation);

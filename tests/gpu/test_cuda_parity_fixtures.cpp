@@ -29,10 +29,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -45,71 +41,23 @@
 #include "engine/transformer.h"
 #include "gpu/gpu_test_support.h"
 #include "model/model_weights.h"
+#include "parity_fixture_support.h"
 
 namespace entropyinfer {
 namespace {
-
-namespace fs = std::filesystem;
 
 constexpr double kMaxRelativeLogitError = 5e-2;
 constexpr double kMaxExemptFraction = 0.25;
 constexpr int kHeadGrowth = 4;  // padded head_dim = 4 x the fixture's: softmax scale halves
 
-std::string parity_root() { return std::string(ENTROPYINFER_FIXTURES_DIR) + "/parity"; }
-
-std::vector<std::string> parity_case_names() {
-  std::vector<std::string> names;
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator(parity_root(), error)) {
-    if (entry.is_directory() && fs::exists(entry.path() / "expected.json")) {
-      names.push_back(entry.path().filename().string());
-    }
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-struct Fixture {
-  std::string folder;
-  nlohmann::json expected;
-  std::vector<std::vector<int32_t>> prompts;
-  int rows = 0;
-  int vocab = 0;
-  bool is_fp32 = true;
-};
-
-Fixture load_fixture(const std::string& name) {
-  Fixture fixture;
-  fixture.folder = parity_root() + "/" + name;
-  std::ifstream stream(fixture.folder + "/expected.json");
-  fixture.expected = nlohmann::json::parse(stream);
-  for (const auto& prompt : fixture.expected.at("prompts")) {
-    fixture.prompts.push_back(prompt.get<std::vector<int32_t>>());
-  }
-  fixture.rows = fixture.expected.at("logits_shape").at(0).get<int>();
-  fixture.vocab = fixture.expected.at("logits_shape").at(1).get<int>();
-  fixture.is_fp32 = fixture.expected.at("dtype").get<std::string>() == "float32";
-  return fixture;
-}
-
-std::vector<float> read_f32(const std::string& path) {
-  std::ifstream stream(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(stream)),
-                          std::istreambuf_iterator<char>());
-  std::vector<float> values(bytes.size() / sizeof(float));
-  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
-  return values;
-}
-
-int context_needed(const Fixture& fixture) {
-  size_t longest = 0;
-  for (const auto& prompt : fixture.prompts) longest = std::max(longest, prompt.size());
-  size_t continuation = 0;
-  for (const auto& tokens : fixture.expected.at("greedy_continuations")) {
-    continuation = std::max(continuation, tokens.size());
-  }
-  return static_cast<int>(longest + continuation + 1);
-}
+using parity::compare_rows;
+using parity::context_needed;
+using parity::Deviation;
+using parity::first_argmax;
+using parity::load_fixture;
+using parity::parity_case_names;
+using parity::ParityFixture;
+using parity::read_f32;
 
 // The fixture's model with every head grown to kHeadGrowth x head_dim (see the top of the file).
 // The views that need no padding point into `original`, which must outlive the result.
@@ -190,25 +138,8 @@ class PaddedModel {
   ModelWeights padded_;
 };
 
-// max |actual - reference| over `count` values, and max |reference|.
-struct RowError {
-  double max_abs_diff = 0;
-  double reference_scale = 0;
-  double relative() const { return max_abs_diff / std::max(reference_scale, 1e-30); }
-};
-
-RowError row_error(const float* actual, const float* reference, int64_t count) {
-  RowError error;
-  for (int64_t i = 0; i < count; ++i) {
-    error.reference_scale = std::max(error.reference_scale, std::fabs(double(reference[i])));
-    const double diff = std::fabs(double(actual[i]) - double(reference[i]));
-    error.max_abs_diff = std::isnan(diff) ? INFINITY : std::max(error.max_abs_diff, diff);
-  }
-  return error;
-}
-
 int argmax(const std::vector<float>& row) {
-  return static_cast<int>(std::max_element(row.begin(), row.end()) - row.begin());
+  return first_argmax(row.data(), static_cast<int>(row.size()));
 }
 
 double top2_gap(std::vector<float> row) {
@@ -235,7 +166,7 @@ class CudaHfParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaHfParity, LogitsMatchTransformersWithinBf16Bound) {
   ENTROPYINFER_REQUIRE_GPU();
-  const Fixture fixture = load_fixture(GetParam());
+  const ParityFixture fixture = load_fixture(GetParam());
   const PaddedModel model(fixture.folder);
   ASSERT_EQ(model.padded().config.vocab_size, fixture.vocab);
   std::string refusal;
@@ -256,12 +187,12 @@ TEST_P(CudaHfParity, LogitsMatchTransformersWithinBf16Bound) {
     const std::vector<float> logits = gpu->forward(prompt, /*all_logits=*/true);
     ASSERT_EQ(logits.size(), prompt.size() * fixture.vocab) << "prompt " << p;
     ASSERT_LE(offset + logits.size(), reference.size());
-    const RowError error =
-        row_error(logits.data(), reference.data() + offset, static_cast<int64_t>(logits.size()));
-    EXPECT_LE(error.relative(), kMaxRelativeLogitError)
+    const Deviation error = compare_rows(logits.data(), reference.data() + offset,
+                                         static_cast<int>(prompt.size()), fixture.vocab);
+    EXPECT_LE(error.relative, kMaxRelativeLogitError)
         << GetParam() << " prompt " << p << " (" << prompt.size() << " tokens): max|diff| "
         << error.max_abs_diff << " over max|ref| " << error.reference_scale;
-    worst = std::max(worst, error.relative());
+    worst = std::max(worst, error.relative);
     offset += logits.size();
   }
   EXPECT_EQ(offset, reference.size()) << "prompts do not cover logits_shape";
@@ -272,8 +203,8 @@ TEST_P(CudaHfParity, LogitsMatchTransformersWithinBf16Bound) {
 
 TEST_P(CudaHfParity, GreedyContinuationMatchesExceptWithinBf16Error) {
   ENTROPYINFER_REQUIRE_GPU();
-  const Fixture fixture = load_fixture(GetParam());
-  if (!fixture.is_fp32) {
+  const ParityFixture fixture = load_fixture(GetParam());
+  if (fixture.expected.at("dtype").get<std::string>() != "float32") {
     GTEST_SKIP() << GetParam() << " is a bf16 fixture: greedy paths are compared for fp32 ones";
   }
   const PaddedModel model(fixture.folder);
@@ -302,7 +233,7 @@ TEST_P(CudaHfParity, GreedyContinuationMatchesExceptWithinBf16Error) {
       const int chosen = argmax(gpu_logits);
       if (chosen != expected[step]) {
         const double error =
-            row_error(gpu_logits.data(), cpu_logits.data(), fixture.vocab).max_abs_diff;
+            compare_rows(gpu_logits.data(), cpu_logits.data(), 1, fixture.vocab).max_abs_diff;
         const double gap = top2_gap(cpu_logits);
         EXPECT_LE(gap, 2 * error) << GetParam() << " prompt " << p << " step " << step
                                   << ": GPU picks " << chosen << ", the fixture " << expected[step]
