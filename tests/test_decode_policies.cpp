@@ -17,6 +17,7 @@
 #include "backends/cpu/compressed_decode_attention.h"
 #include "backends/cpu/cpu_ops.h"
 #include "core/error.h"
+#include "decode_policy_inputs.h"
 #include "test_support.h"
 
 namespace entropyinfer {
@@ -24,39 +25,14 @@ namespace {
 
 using testing::random_vector;
 
-// A cache of `length` entries per KV head and the window's queries.
-struct Cache {
-  int q_heads = 0, kv_heads = 0, head_dim = 0, window_tokens = 0;
-  int64_t length = 0, stride = 0;
-  std::vector<float> queries, keys;
-
-  DecodeInputs inputs(int layer = 0, int num_layers = 1) const {
-    DecodeInputs in;
-    in.window_queries = queries.data();
-    in.window_tokens = window_tokens;
-    in.keys = keys.data();
-    in.key_stride = stride;
-    in.cache_length = length;
-    in.num_q_heads = q_heads;
-    in.num_kv_heads = kv_heads;
-    in.head_dim = head_dim;
-    in.layer = layer;
-    in.num_layers = num_layers;
-    return in;
-  }
-};
+using Cache = decode_test::DecodeCache;
 
 Cache random_cache(int64_t length, int window_tokens, int q_heads, int kv_heads, int head_dim,
                    uint32_t seed) {
-  Cache c;
-  c.q_heads = q_heads;
-  c.kv_heads = kv_heads;
-  c.head_dim = head_dim;
-  c.window_tokens = window_tokens;
-  c.length = length;
-  c.stride = length + 2;
-  c.queries = random_vector(window_tokens * q_heads * head_dim, seed, 2.0f);
-  c.keys = random_vector(kv_heads * c.stride * head_dim, seed + 1, 2.0f);
+  Cache c(length, window_tokens, q_heads, kv_heads, head_dim,
+          /*stride=*/length + 2);
+  c.queries = random_vector(c.query_count(), seed, 2.0f);
+  c.keys = random_vector(c.key_count(), seed + 1, 2.0f);
   return c;
 }
 

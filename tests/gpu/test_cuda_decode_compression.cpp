@@ -29,6 +29,7 @@
 #include "backends/cpu/compressed_decode_attention.h"
 #include "backends/cuda/decode_compression.h"
 #include "backends/cuda/ragged_decode.h"
+#include "decode_policy_inputs.h"
 #include "gpu/gpu_test_support.h"
 
 namespace entropyinfer {
@@ -39,41 +40,17 @@ constexpr double kMaxScoreRelativeError = 1e-4;
 constexpr double kMaxRelativeL2 = 1e-2;
 constexpr double kMaxAbsError = 1e-2;
 
-struct Inputs {
-  int q_heads = 0, kv_heads = 0, head_dim = 0, window_tokens = 0;
-  int64_t length = 0, stride = 0;
-  std::vector<float> queries, keys;  // bf16-rounded
+using Inputs = decode_test::DecodeCache;
 
-  DecodeInputs cpu(int layer, int num_layers) const {
-    DecodeInputs in;
-    in.window_queries = queries.data();
-    in.window_tokens = window_tokens;
-    in.keys = keys.data();
-    in.key_stride = stride;
-    in.cache_length = length;
-    in.num_q_heads = q_heads;
-    in.num_kv_heads = kv_heads;
-    in.head_dim = head_dim;
-    in.layer = layer;
-    in.num_layers = num_layers;
-    return in;
-  }
-};
-
+// bf16-rounded queries and keys.
 Inputs random_inputs(int64_t length, int window_tokens, int q_heads, int kv_heads, int head_dim,
                      uint32_t seed) {
-  Inputs in;
-  in.q_heads = q_heads;
-  in.kv_heads = kv_heads;
-  in.head_dim = head_dim;
-  in.window_tokens = window_tokens;
-  in.length = length;
-  in.stride = length + 5;  // rows past the cache must never be read
+  // Rows past the cache must never be read.
+  Inputs in(length, window_tokens, q_heads, kv_heads, head_dim,
+            /*stride=*/length + 5);
   // Logits of a few units: peaked softmax rows, scores spread over several decades.
-  in.queries = gpu_test::random_bf16_values(static_cast<size_t>(window_tokens) * q_heads * head_dim,
-                                            seed, 2.0f);
-  in.keys =
-      gpu_test::random_bf16_values(static_cast<size_t>(kv_heads) * in.stride * head_dim, seed + 1);
+  in.queries = gpu_test::random_bf16_values(in.query_count(), seed, 2.0f);
+  in.keys = gpu_test::random_bf16_values(in.key_count(), seed + 1);
   return in;
 }
 
@@ -209,7 +186,7 @@ int64_t run_case(const Case& c, uint32_t seed) {
   double worst_score_error = 0;
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const std::string what = c.name + ", layer " + std::to_string(layer);
-    const LayerDecodePlan expected = policy->plan(in.cpu(layer, c.num_layers));
+    const LayerDecodePlan expected = policy->plan(in.inputs(layer, c.num_layers));
     const cuda::DeviceDecodePlan view = compressor.plan(
         queries.data(), in.window_tokens, keys.data(), in.stride, in.length, layer, nullptr);
     const LayerDecodePlan actual = compressor.download_last(nullptr);
@@ -228,7 +205,7 @@ int64_t run_case(const Case& c, uint32_t seed) {
     const int64_t candidates = candidates_of(c, layer);
     std::vector<float> cpu_scores;
     if (candidates > 0) {
-      cpu_scores = candidate_scores(in.cpu(layer, c.num_layers), c.params, candidates);
+      cpu_scores = candidate_scores(in.inputs(layer, c.num_layers), c.params, candidates);
       const std::vector<float> gpu_scores = compressor.download_last_scores(nullptr);
       EXPECT_EQ(gpu_scores.size(), cpu_scores.size()) << what;
       for (size_t i = 0; i < std::min(gpu_scores.size(), cpu_scores.size()); ++i) {
