@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
-# The README's main command: installs what is missing, builds, and generates text with the default model
-# that ships in the repo. Extra arguments go to `entropyinfer generate`.
+# The README's main command: installs what is missing, builds, and asks the project's own trained
+# long-context model (models/needle-llama-11m) a needle question over an 8k-token document, once with
+# full attention and once with EntropyInfer, printing both answers, the time to first token and the
+# fraction of full attention's work each did. Extra arguments go to `entropyinfer needle` (e.g.
+# --length 16k, --budget 1024, --methods full,entropy+latent,critiprefill, --index 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 ninja -C build entropyinfer
-# Until the project's own trained long-context model exists, the default is a tiny random-weight Llama
-# with a real byte-level BPE tokenizer and chat template (a transformers parity fixture): the text is
-# noise, the pipeline (loading, chat formatting, tokenizer, decoder, sampler, streaming) is real.
-model=tests/fixtures/parity/tiny_chat_llama
-echo "== entropyinfer generate -m $model --chat"
-build/entropyinfer generate -m "$model" --chat -p "Tell me a story about a lighthouse." -n 48 \
-  -t 0.8 --top-p 0.95 --seed 42 "$@"
+model=models/needle-llama-11m
+echo "== entropyinfer needle -m $model $*"
+build/entropyinfer needle -m "$model" "$@"
 # With the shared assets beside the checkout, also run a real pretrained model (llama2.c's stories260K).
 stories=../shared/assets/stories260K
 if [[ -f $stories/stories260K.bin ]]; then

@@ -372,9 +372,13 @@ void run_needle(const NeedleArgs& args, CLI::App* command) {
     if (&result != &baseline && result.first_token_seconds > 0) {
       const double speedup = baseline.first_token_seconds / result.first_token_seconds;
       char ratio[96];
-      std::snprintf(ratio, sizeof(ratio), " (%.2fx %s than %s)",
-                    speedup >= 1 ? speedup : 1 / speedup, speedup >= 1 ? "faster" : "slower",
-                    baseline.method.c_str());
+      if (speedup >= 0.995 && speedup < 1.005) {
+        std::snprintf(ratio, sizeof(ratio), " (as fast as %s)", baseline.method.c_str());
+      } else {
+        std::snprintf(ratio, sizeof(ratio), " (%.2fx %s than %s)",
+                      speedup >= 1 ? speedup : 1 / speedup, speedup >= 1 ? "faster" : "slower",
+                      baseline.method.c_str());
+      }
       summary << ratio;
     }
   }
