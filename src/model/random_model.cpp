@@ -7,69 +7,69 @@
 
 namespace entropyinfer {
 
-ModelConfig random_model_config(const std::string& name) {
+namespace {
+
+struct LlamaShape {
+  int hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim, vocab_size;
+  int max_position_embeddings;
+  bool tied_embeddings;
+};
+
+// A Llama model of this shape in fp32: RoPE theta 500000 over the whole head, RMSNorm eps 1e-5.
+ModelConfig llama_config(const LlamaShape& shape) {
   ModelConfig config;
+  config.architecture = "LlamaForCausalLM";
+  config.hidden_size = shape.hidden_size;
+  config.intermediate_size = shape.intermediate_size;
+  config.num_layers = shape.num_layers;
+  config.num_heads = shape.num_heads;
+  config.num_kv_heads = shape.num_kv_heads;
+  config.head_dim = shape.head_dim;
+  config.vocab_size = shape.vocab_size;
+  config.max_position_embeddings = shape.max_position_embeddings;
+  config.tied_embeddings = shape.tied_embeddings;
+  config.rope.theta = 500000.0;
+  config.rope.rotary_dim = shape.head_dim;
+  config.rms_norm_eps = 1e-5f;
+  config.torch_dtype = "float32";
+  return config;
+}
+
+}  // namespace
+
+ModelConfig random_model_config(const std::string& name) {
+  // LlamaShape: hidden, MLP, layers, heads, KV heads, head size, vocabulary, positions, tied.
   if (name == "llama-100m") {
-    config.architecture = "LlamaForCausalLM";
-    config.hidden_size = 768;
-    config.intermediate_size = 2048;
-    config.num_layers = 12;
-    config.num_heads = 12;
-    config.num_kv_heads = 4;
-    config.head_dim = 64;
-    config.vocab_size = 32000;
-    config.max_position_embeddings = 32768;
-    config.tied_embeddings = true;
-    config.rope.theta = 500000.0;
-    config.rope.rotary_dim = 64;
-    config.rms_norm_eps = 1e-5f;
-    config.torch_dtype = "float32";
-    return config;
+    return llama_config({768, 2048, 12, 12, 4, 64, 32000, 32768, true});
   }
   if (name == "heads-32x8x128") {
     // The attention layout of Llama-3-8B (32 query heads, 8 KV heads, head size 128) on a narrow
     // residual stream and two layers, so that a 16k-token prefill fits a CPU benchmark.
-    config.architecture = "LlamaForCausalLM";
-    config.hidden_size = 1024;
-    config.intermediate_size = 1024;
-    config.num_layers = 2;
-    config.num_heads = 32;
-    config.num_kv_heads = 8;
-    config.head_dim = 128;
-    config.vocab_size = 1024;
-    config.max_position_embeddings = 131072;
-    config.tied_embeddings = true;
-    config.rope.theta = 500000.0;
-    config.rope.rotary_dim = 128;
-    config.rms_norm_eps = 1e-5f;
-    config.torch_dtype = "float32";
-    return config;
+    return llama_config({1024, 1024, 2, 32, 8, 128, 1024, 131072, true});
   }
   if (name == "llama-3.1-8b") {
     // Llama-3.1-8B's shape (untied classifier, Llama 3 RoPE scaling): the GPU benchmarks' model.
-    config.architecture = "LlamaForCausalLM";
-    config.hidden_size = 4096;
-    config.intermediate_size = 14336;
-    config.num_layers = 32;
-    config.num_heads = 32;
-    config.num_kv_heads = 8;
-    config.head_dim = 128;
-    config.vocab_size = 128256;
-    config.max_position_embeddings = 131072;
-    config.tied_embeddings = false;
-    config.rms_norm_eps = 1e-5f;
-    config.rope.theta = 500000.0;
+    ModelConfig config = llama_config({4096, 14336, 32, 32, 8, 128, 128256, 131072, false});
     config.rope.scaling = RopeScaling::kLlama3;
     config.rope.factor = 8.0;
     config.rope.low_freq_factor = 1.0;
     config.rope.high_freq_factor = 4.0;
     config.rope.original_max_position_embeddings = 8192;
-    config.rope.rotary_dim = 128;
     config.torch_dtype = "bfloat16";
     return config;
   }
   throw Error("unknown random model shape '" + name +
               "' (known: llama-100m, heads-32x8x128, llama-3.1-8b)");
+}
+
+std::vector<int32_t> random_prompt(int64_t length, int vocab, uint64_t seed) {
+  std::vector<int32_t> tokens(static_cast<size_t>(length));
+  uint64_t state = seed;
+  for (int32_t& token : tokens) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    token = static_cast<int32_t>((state >> 33) % static_cast<uint64_t>(vocab));
+  }
+  return tokens;
 }
 
 ModelWeights make_random_model(const ModelConfig& config, uint64_t seed) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/model_weights.h"
 
@@ -14,6 +15,9 @@ namespace entropyinfer {
 // "llama-3.1-8b" (the whole 8B shape; 32 GB as fp32 on the host, so the CUDA backend draws its
 // weights on the GPU instead). Throws Error for an unknown name.
 ModelConfig random_model_config(const std::string& name);
+
+// `length` token ids in [0, vocab), reproducible from the seed: the benchmarks' prompts.
+std::vector<int32_t> random_prompt(int64_t length, int vocab, uint64_t seed);
 
 // Weights drawn uniformly from [-scale, scale] with scale 1/sqrt(fan_in); norms at 1.
 ModelWeights make_random_model(const ModelConfig& config, uint64_t seed);

@@ -14,6 +14,7 @@
 #include "apps/entropyinfer/cli_common.h"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/cuda_transformer.h"
+#include "backends/cuda/device_info.h"
 #include "model/random_model.h"
 #endif
 
@@ -51,47 +52,6 @@ double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t middle = values.size() / 2;
   return values.size() % 2 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
-}
-
-std::vector<int32_t> random_prompt(int64_t length, int vocab, uint64_t seed) {
-  std::vector<int32_t> tokens(static_cast<size_t>(length));
-  uint64_t state = seed;
-  for (int32_t& token : tokens) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    token = static_cast<int32_t>((state >> 33) % static_cast<uint64_t>(vocab));
-  }
-  return tokens;
-}
-
-// Device-to-device copy bandwidth, bytes read plus bytes written per second (best of 10).
-double copy_bandwidth() {
-  const size_t bytes = size_t{2} << 30;
-  cuda::DeviceBuffer<uint8_t> source(bytes), target(bytes);
-  cuda::check(cudaMemset(source.data(), 1, bytes), "cudaMemset");
-  cudaEvent_t start, stop;
-  cuda::check(cudaEventCreate(&start), "cudaEventCreate");
-  cuda::check(cudaEventCreate(&stop), "cudaEventCreate");
-  float best = 1e30f;
-  for (int pass = 0; pass < 12; ++pass) {
-    cuda::check(cudaEventRecord(start), "cudaEventRecord");
-    cuda::check(cudaMemcpy(target.data(), source.data(), bytes, cudaMemcpyDeviceToDevice), "copy");
-    cuda::check(cudaEventRecord(stop), "cudaEventRecord");
-    cuda::check(cudaEventSynchronize(stop), "copy");
-    float ms = 0;
-    cuda::check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    if (pass >= 2) best = std::min(best, ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return 2.0 * static_cast<double>(bytes) / (best * 1e-3);
-}
-
-std::string device_name() {
-  cudaDeviceProp properties{};
-  int device = 0;
-  cuda::check(cudaGetDevice(&device), "cudaGetDevice");
-  cuda::check(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
-  return properties.name;
 }
 
 // Bytes one decode step reads besides the cache: every matrix once (the embedding table one row).
@@ -139,7 +99,8 @@ void run_cuda_bench(const CudaBenchArgs& args) {
   options.chunk_tokens = args.chunk_tokens;
   options.decode_room = args.decode_tokens + 16;
   std::fprintf(stderr, "measuring the GPU's copy bandwidth...\n");
-  const double bandwidth = copy_bandwidth();
+  // Best of the timed copies: the floors below are what the GPU can do at most.
+  const double bandwidth = cuda::measure_copy_bandwidth().best_bytes_per_second;
   const auto load_start = Clock::now();
   std::unique_ptr<cuda::CudaTransformer> model;
   std::string model_name;
@@ -157,7 +118,7 @@ void run_cuda_bench(const CudaBenchArgs& args) {
   const double load_seconds = seconds_since(load_start);
   const ModelConfig& config = model->config();
   const double weight_bytes = weight_bytes_per_token(config);
-  std::fprintf(stderr, "%s on %s: %s\n", model_name.c_str(), device_name().c_str(),
+  std::fprintf(stderr, "%s on %s: %s\n", model_name.c_str(), cuda::device_name().c_str(),
                model->memory_plan().describe().c_str());
 
   nlohmann::json results = nlohmann::json::array();
@@ -282,14 +243,14 @@ void run_cuda_bench(const CudaBenchArgs& args) {
   std::printf(
       "\n%s, %s; GPU copy bandwidth %.0f GB/s (read+write); weights read per decode token %.0f "
       "MiB; model ready in %.1f s\n",
-      model_name.c_str(), device_name().c_str(), bandwidth / 1e9, weight_bytes / 1048576.0,
+      model_name.c_str(), cuda::device_name().c_str(), bandwidth / 1e9, weight_bytes / 1048576.0,
       load_seconds);
   const std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   if (!args.json_path.empty()) {
     const nlohmann::json document = {{"date", date},
-                                     {"device", device_name()},
+                                     {"device", cuda::device_name()},
                                      {"model", model_name},
                                      {"parameters", config.parameter_count()},
                                      {"command", args.command_line},
@@ -305,7 +266,7 @@ void run_cuda_bench(const CudaBenchArgs& args) {
   if (!args.markdown_path.empty()) {
     std::ofstream file(args.markdown_path);
     if (!file) throw Error("cannot write " + args.markdown_path);
-    file << "# entropyinfer bench, " << date << ", " << device_name() << "\n\n"
+    file << "# entropyinfer bench, " << date << ", " << cuda::device_name() << "\n\n"
          << "`" << args.command_line << "`\n\n"
          << model_name << "; GPU copy bandwidth " << static_cast<int>(bandwidth / 1e9)
          << " GB/s (read+write). keys read: fraction of full causal attention's key reads in "
