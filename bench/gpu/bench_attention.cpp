@@ -15,38 +15,25 @@
 namespace entropyinfer::bench {
 
 int run_attention_bench(int argc, char** argv) {
-  std::vector<int64_t> lengths = {8192, 32768, 131072};
-  int64_t q_heads = 32, kv_heads = 8, head_dim = 128;
+  AttentionBenchShape dims({8192, 32768, 131072});
   std::string json_path;
   std::string kernel_names = "wgmma,wgmma_simple,mma";
-  for (int i = 0; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) throw std::runtime_error("flag " + flag + " needs a value");
-    const std::string value = argv[++i];
-    if (flag == "--lengths") {
-      lengths = parse_list(value);
-    } else if (flag == "--q-heads") {
-      q_heads = std::stoll(value);
-    } else if (flag == "--kv-heads") {
-      kv_heads = std::stoll(value);
-    } else if (flag == "--head-dim") {
-      head_dim = std::stoll(value);
-    } else if (flag == "--kernels") {
+  for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {
+    if (dims.take_flag(flag, value)) return true;
+    if (flag == "--kernels") {
       kernel_names = value;
     } else if (flag == "--json") {
       json_path = value;
     } else {
-      throw std::runtime_error("unknown flag " + flag);
+      return false;
     }
-  }
+    return true;
+  });
 
   nlohmann::json report;
-  report["device"] = device_name();
-  report["q_heads"] = q_heads;
-  report["kv_heads"] = kv_heads;
-  report["head_dim"] = head_dim;
+  dims.report_to(report);
   report["flops_formula"] = "4 * n^2 * head_dim * q_heads / 2 (causal)";
-  const double copy_gbps = copy_bandwidth_gbps();
+  const double copy_gbps = cuda::measure_copy_bandwidth().median_bytes_per_second / 1e9;
   report["copy_bandwidth_gbps"] = copy_gbps;
   std::cout << "device " << report["device"].get<std::string>() << ", copy bandwidth " << copy_gbps
             << " GB/s\n";
@@ -63,27 +50,11 @@ int run_attention_bench(int argc, char** argv) {
     kernels.emplace_back("mma", cuda::FlashKernel::kMma);
 
   cudaStream_t stream = nullptr;
-  for (const int64_t n : lengths) {
-    const size_t q_count = static_cast<size_t>(n) * q_heads * head_dim;
-    const size_t kv_count = static_cast<size_t>(kv_heads) * n * head_dim;
-    cuda::DeviceBuffer<cuda::bf16> q(q_count), k(kv_count), v(kv_count), out(q_count);
-    // Queries ~ U(-2, 2) and keys ~ U(-1, 1): real spread in the scores; never zeros.
-    cuda::fill_uniform(q.data(), static_cast<int64_t>(q_count), 1000 + n, 2.0f, stream);
-    cuda::fill_uniform(k.data(), static_cast<int64_t>(kv_count), 2000 + n, 1.0f, stream);
-    cuda::fill_uniform(v.data(), static_cast<int64_t>(kv_count), 3000 + n, 1.0f, stream);
-    cuda::FlashShape shape;
-    shape.tokens = n;
-    shape.q_heads = q_heads;
-    shape.kv_heads = kv_heads;
-    shape.head_dim = head_dim;
-    shape.cache_stride = n;
-    const double flops = 4.0 * static_cast<double>(n) * n * head_dim * q_heads / 2.0;
+  for (const int64_t n : dims.lengths) {
+    AttentionInputs inputs(n, dims, stream);
+    const double flops = 4.0 * static_cast<double>(n) * n * dims.head_dim * dims.q_heads / 2.0;
     for (const auto& [name, kernel] : kernels) {
-      const Timing timing = time_runs(
-          [&] {
-            cuda::flash_prefill(q.data(), k.data(), v.data(), shape, out.data(), stream, kernel);
-          },
-          stream);
+      const Timing timing = time_runs([&] { inputs.prefill(kernel, stream); }, stream);
       const double tflops = flops / (timing.median_ms * 1e-3) / 1e12;
       report["prefill"].push_back({{"kernel", name},
                                    {"tokens", n},
@@ -96,7 +67,7 @@ int run_attention_bench(int argc, char** argv) {
     }
 
     // Decode: the last position queries the whole cache.
-    cuda::FlashShape decode = shape;
+    cuda::FlashShape decode = inputs.shape;
     decode.tokens = 1;
     decode.first_position = n - 1;
     const int splits = cuda::flash_decode_splits(decode);
@@ -104,11 +75,11 @@ int run_attention_bench(int argc, char** argv) {
         std::max<size_t>(1, cuda::flash_decode_workspace_floats(decode, splits)));
     const Timing timing = time_runs(
         [&] {
-          cuda::flash_decode(q.data(), k.data(), v.data(), decode, out.data(), workspace.data(),
-                             workspace.size(), stream, splits);
+          cuda::flash_decode(inputs.q.data(), inputs.k.data(), inputs.v.data(), decode,
+                             inputs.out.data(), workspace.data(), workspace.size(), stream, splits);
         },
         stream, 3, 20, 200, 300);
-    const double bytes = 2.0 * static_cast<double>(kv_count) * sizeof(cuda::bf16);
+    const double bytes = 2.0 * static_cast<double>(inputs.kv_count) * sizeof(cuda::bf16);
     const double gbps = bytes / (timing.median_ms * 1e-3) / 1e9;
     report["decode"].push_back({{"context", n},
                                 {"splits", splits},

@@ -1,15 +1,22 @@
-// Timing helpers of the GPU benchmarks: CUDA events around each run after warm-up, medians, and the
-// device-to-device copy bandwidth that memory-bound results are read against.
+// What the GPU benchmarks share: CUDA events around each run after warm-up and medians, the
+// "--flag value" command lines, and the random attention inputs of the attention benchmarks. The
+// device name and its copy bandwidth come from backends/cuda/device_info.h.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/cuda_common.h"
+#include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/device_info.h"
+#include "backends/cuda/flash_attention.h"
 
 namespace entropyinfer::bench {
 
@@ -53,28 +60,6 @@ inline Timing time_runs(const std::function<void()>& work, cudaStream_t stream, 
   return timing;
 }
 
-// Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written.
-inline double copy_bandwidth_gbps(size_t bytes = size_t{2} << 30) {
-  cuda::DeviceBuffer<uint8_t> source(bytes), target(bytes);
-  cuda::check(cudaMemset(source.data(), 1, bytes), "cudaMemset");
-  const Timing timing = time_runs(
-      [&] {
-        cuda::check(
-            cudaMemcpyAsync(target.data(), source.data(), bytes, cudaMemcpyDeviceToDevice, nullptr),
-            "copy");
-      },
-      nullptr, 2, 10, 20, 0);
-  return 2.0 * static_cast<double>(bytes) / (timing.median_ms * 1e-3) / 1e9;
-}
-
-inline std::string device_name() {
-  cudaDeviceProp properties{};
-  int device = 0;
-  cuda::check(cudaGetDevice(&device), "cudaGetDevice");
-  cuda::check(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
-  return properties.name;
-}
-
 inline std::vector<int64_t> parse_list(const std::string& text) {
   std::vector<int64_t> values;
   size_t begin = 0;
@@ -85,6 +70,82 @@ inline std::vector<int64_t> parse_list(const std::string& text) {
   }
   return values;
 }
+
+// Calls take(flag, value) for each "--flag value" pair of the command line; a flag without a value,
+// or one that take() does not know (returns false for), is an error.
+inline void for_each_flag(
+    int argc, char** argv,
+    const std::function<bool(const std::string& flag, const std::string& value)>& take) {
+  for (int i = 0; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) throw std::runtime_error("flag " + flag + " needs a value");
+    const std::string value = argv[++i];
+    if (!take(flag, value)) throw std::runtime_error("unknown flag " + flag);
+  }
+}
+
+// The attention shape the attention benchmarks take on the command line.
+struct AttentionBenchShape {
+  explicit AttentionBenchShape(std::vector<int64_t> default_lengths)
+      : lengths(std::move(default_lengths)) {}
+
+  // Takes --lengths, --q-heads, --kv-heads and --head-dim; false for any other flag.
+  bool take_flag(const std::string& flag, const std::string& value) {
+    if (flag == "--lengths") {
+      lengths = parse_list(value);
+    } else if (flag == "--q-heads") {
+      q_heads = std::stoll(value);
+    } else if (flag == "--kv-heads") {
+      kv_heads = std::stoll(value);
+    } else if (flag == "--head-dim") {
+      head_dim = std::stoll(value);
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  // The device and the heads into a report.
+  void report_to(nlohmann::json& report) const {
+    report["device"] = cuda::device_name();
+    report["q_heads"] = q_heads;
+    report["kv_heads"] = kv_heads;
+    report["head_dim"] = head_dim;
+  }
+
+  std::vector<int64_t> lengths;
+  int64_t q_heads = 32, kv_heads = 8, head_dim = 128;
+};
+
+// Random bf16 inputs of causal self-attention over n tokens, and its output. Queries ~ U(-2, 2)
+// and keys ~ U(-1, 1): real spread in the scores; never zeros.
+struct AttentionInputs {
+  AttentionInputs(int64_t n, const AttentionBenchShape& dims, cudaStream_t stream)
+      : q_count(static_cast<size_t>(n) * dims.q_heads * dims.head_dim),
+        kv_count(static_cast<size_t>(dims.kv_heads) * n * dims.head_dim),
+        q(q_count),
+        k(kv_count),
+        v(kv_count),
+        out(q_count) {
+    cuda::fill_uniform(q.data(), static_cast<int64_t>(q_count), 1000 + n, 2.0f, stream);
+    cuda::fill_uniform(k.data(), static_cast<int64_t>(kv_count), 2000 + n, 1.0f, stream);
+    cuda::fill_uniform(v.data(), static_cast<int64_t>(kv_count), 3000 + n, 1.0f, stream);
+    shape.tokens = n;
+    shape.q_heads = dims.q_heads;
+    shape.kv_heads = dims.kv_heads;
+    shape.head_dim = dims.head_dim;
+    shape.cache_stride = n;
+  }
+
+  // Dense causal prefill of every query.
+  void prefill(cuda::FlashKernel kernel, cudaStream_t stream) {
+    cuda::flash_prefill(q.data(), k.data(), v.data(), shape, out.data(), stream, kernel);
+  }
+
+  size_t q_count, kv_count;
+  cuda::DeviceBuffer<cuda::bf16> q, k, v, out;
+  cuda::FlashShape shape;
+};
 
 int run_attention_bench(int argc, char** argv);
 int run_model_bench(int argc, char** argv);

@@ -17,16 +17,6 @@
 namespace entropyinfer::bench {
 namespace {
 
-std::vector<int32_t> prompt(int64_t length, int vocab, uint32_t seed) {
-  std::vector<int32_t> tokens(static_cast<size_t>(length));
-  uint64_t state = seed;
-  for (auto& token : tokens) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    token = static_cast<int32_t>((state >> 33) % static_cast<uint64_t>(vocab));
-  }
-  return tokens;
-}
-
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -43,10 +33,7 @@ int run_model_bench(int argc, char** argv) {
   std::vector<int64_t> prefill_lengths = {16384, 32768, 65536, 131072};
   std::vector<int64_t> decode_contexts = {32768, 131072};
   int decode_tokens = 32, chunk_tokens = 16384;
-  for (int i = 0; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) throw std::runtime_error("flag " + flag + " needs a value");
-    const std::string value = argv[++i];
+  for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {
     if (flag == "--shape") {
       shape = value;
     } else if (flag == "--prefill") {
@@ -60,15 +47,16 @@ int run_model_bench(int argc, char** argv) {
     } else if (flag == "--json") {
       json_path = value;
     } else {
-      throw std::runtime_error("unknown flag " + flag);
+      return false;
     }
-  }
+    return true;
+  });
   const ModelConfig config = random_model_config(shape);
   nlohmann::json report;
-  report["device"] = device_name();
+  report["device"] = cuda::device_name();
   report["shape"] = shape;
   report["chunk_tokens"] = chunk_tokens;
-  const double copy_gbps = copy_bandwidth_gbps();
+  const double copy_gbps = cuda::measure_copy_bandwidth().median_bytes_per_second / 1e9;
   report["copy_bandwidth_gbps"] = copy_gbps;
 
   cuda::CudaModelOptions options;
@@ -82,13 +70,13 @@ int run_model_bench(int argc, char** argv) {
 
   // Warm-up: cuBLASLt's algorithm choices, module loading, both attention paths.
   model.reset();
-  model.forward_greedy(prompt(chunk_tokens + 100, config.vocab_size, 1));
+  model.forward_greedy(random_prompt(chunk_tokens + 100, config.vocab_size, 1));
   model.forward_greedy(std::vector<int32_t>{17});
   cuda::check(cudaDeviceSynchronize(), "warm-up");
 
   for (const int64_t length : prefill_lengths) {
     if (length > model.context_length()) continue;
-    const auto tokens = prompt(length, config.vocab_size, 2);
+    const auto tokens = random_prompt(length, config.vocab_size, 2);
     model.reset();
     cuda::check(cudaDeviceSynchronize(), "before prefill");
     const auto start = std::chrono::steady_clock::now();
@@ -115,7 +103,7 @@ int run_model_bench(int argc, char** argv) {
     if (context > model.context_length()) continue;
     const int64_t prefix = context - decode_tokens;
     model.reset();
-    int32_t token = model.forward_greedy(prompt(prefix, config.vocab_size, 3));
+    int32_t token = model.forward_greedy(random_prompt(prefix, config.vocab_size, 3));
     std::vector<double> times;
     for (int step = 0; step < decode_tokens; ++step) {
       const auto start = std::chrono::steady_clock::now();

@@ -78,24 +78,13 @@ LayerPrefillPlan method_plan(const PlanShape& shape, uint32_t seed) {
 }  // namespace
 
 int run_sparse_attention_bench(int argc, char** argv) {
-  std::vector<int64_t> lengths = {32768, 65536, 131072};
-  int64_t q_heads = 32, kv_heads = 8, head_dim = 128;
+  AttentionBenchShape dims({32768, 65536, 131072});
   PlanShape plan_shape;
   std::string kernel_name = "auto";
   std::string json_path;
-  for (int i = 0; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) throw std::runtime_error("flag " + flag + " needs a value");
-    const std::string value = argv[++i];
-    if (flag == "--lengths") {
-      lengths = parse_list(value);
-    } else if (flag == "--q-heads") {
-      q_heads = std::stoll(value);
-    } else if (flag == "--kv-heads") {
-      kv_heads = std::stoll(value);
-    } else if (flag == "--head-dim") {
-      head_dim = std::stoll(value);
-    } else if (flag == "--segment") {
+  for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {
+    if (dims.take_flag(flag, value)) return true;
+    if (flag == "--segment") {
       plan_shape.segment_size = std::stoi(value);
     } else if (flag == "--block") {
       plan_shape.block_size = std::stoi(value);
@@ -108,9 +97,10 @@ int run_sparse_attention_bench(int argc, char** argv) {
     } else if (flag == "--json") {
       json_path = value;
     } else {
-      throw std::runtime_error("unknown flag " + flag);
+      return false;
     }
-  }
+    return true;
+  });
   cuda::FlashKernel kernel = cuda::FlashKernel::kAuto;
   if (kernel_name == "wgmma") {
     kernel = cuda::FlashKernel::kWgmma;
@@ -121,14 +111,11 @@ int run_sparse_attention_bench(int argc, char** argv) {
   } else if (kernel_name != "auto") {
     throw std::runtime_error("unknown kernel " + kernel_name + " (auto, wgmma, wgmma_simple, mma)");
   }
-  plan_shape.kv_heads = static_cast<int>(kv_heads);
-  const int64_t group = q_heads / kv_heads;
+  plan_shape.kv_heads = static_cast<int>(dims.kv_heads);
+  const int64_t group = dims.q_heads / dims.kv_heads;
 
   nlohmann::json report;
-  report["device"] = device_name();
-  report["q_heads"] = q_heads;
-  report["kv_heads"] = kv_heads;
-  report["head_dim"] = head_dim;
+  dims.report_to(report);
   report["segment_size"] = plan_shape.segment_size;
   report["block_size"] = plan_shape.block_size;
   report["top_blocks"] = plan_shape.top_blocks;
@@ -148,22 +135,11 @@ int run_sparse_attention_bench(int argc, char** argv) {
   };
   std::vector<Row> rows;
   cudaStream_t stream = nullptr;
-  for (const int64_t n : lengths) {
-    const size_t q_count = static_cast<size_t>(n) * q_heads * head_dim;
-    const size_t kv_count = static_cast<size_t>(kv_heads) * n * head_dim;
-    cuda::DeviceBuffer<cuda::bf16> q(q_count), k(kv_count), v(kv_count), out(q_count);
-    // Queries ~ U(-2, 2) and keys ~ U(-1, 1), as the dense attention benchmark.
-    cuda::fill_uniform(q.data(), static_cast<int64_t>(q_count), 1000 + n, 2.0f, stream);
-    cuda::fill_uniform(k.data(), static_cast<int64_t>(kv_count), 2000 + n, 1.0f, stream);
-    cuda::fill_uniform(v.data(), static_cast<int64_t>(kv_count), 3000 + n, 1.0f, stream);
-    cuda::FlashShape shape;
-    shape.tokens = n;
-    shape.q_heads = q_heads;
-    shape.kv_heads = kv_heads;
-    shape.head_dim = head_dim;
-    shape.cache_stride = n;
+  for (const int64_t n : dims.lengths) {
+    // The dense attention benchmark's inputs.
+    AttentionInputs inputs(n, dims, stream);
     auto tflops_of = [&](int64_t keys_read, double ms) {
-      return 4.0 * static_cast<double>(head_dim) * static_cast<double>(group) *
+      return 4.0 * static_cast<double>(dims.head_dim) * static_cast<double>(group) *
              static_cast<double>(keys_read) / (ms * 1e-3) / 1e12;
     };
 
@@ -176,11 +152,7 @@ int run_sparse_attention_bench(int argc, char** argv) {
 
     Row row{};
     row.tokens = n;
-    const Timing dense = time_runs(
-        [&] {
-          cuda::flash_prefill(q.data(), k.data(), v.data(), shape, out.data(), stream, kernel);
-        },
-        stream);
+    const Timing dense = time_runs([&] { inputs.prefill(kernel, stream); }, stream);
     row.dense_ms = dense.median_ms;
     row.dense_tflops = tflops_of(dense_keys, dense.median_ms);
 
@@ -188,8 +160,9 @@ int run_sparse_attention_bench(int argc, char** argv) {
       const auto device_plan = cuda::DevicePrefillPlanStorage::upload(plan);
       return time_runs(
           [&] {
-            cuda::flash_prefill_block_sparse(q.data(), k.data(), v.data(), shape, device_plan.view,
-                                             out.data(), stream, kernel);
+            cuda::flash_prefill_block_sparse(inputs.q.data(), inputs.k.data(), inputs.v.data(),
+                                             inputs.shape, device_plan.view, inputs.out.data(),
+                                             stream, kernel);
           },
           stream);
     };
