@@ -29,8 +29,7 @@ struct ShippedModelCase {
 };
 
 inline std::vector<ShippedModelCase> load_shipped_model_cases() {
-  const std::string path =
-      std::string(ENTROPYINFER_FIXTURES_DIR) + "/shipped_model/expected.json";
+  const std::string path = std::string(ENTROPYINFER_FIXTURES_DIR) + "/shipped_model/expected.json";
   std::ifstream stream(path);
   if (!stream) return {};
   const nlohmann::json expected = nlohmann::json::parse(stream);

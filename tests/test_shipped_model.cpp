@@ -1,8 +1,9 @@
 // The shipped model (models/needle-llama-11m) on the CPU engine against transformers' float32
 // logits and greedy continuation on evaluation prompts (scripts/shipped_model_parity.py). Only the
-// short prompts run here; the 32k-token one runs on the GPU (tests/gpu/test_cuda_shipped_model.cpp).
-// Both sides compute in float32 from the same bf16 weights, so the bound is tight: 1e-4 of the
-// largest logit (summation order only; 8.5e-7 measured at 1k tokens).
+// short prompts run here; the 32k-token one runs on the GPU
+// (tests/gpu/test_cuda_shipped_model.cpp). Both sides compute in float32 from the same bf16
+// weights, so the bound is tight: 1e-4 of the largest logit (summation order only; 8.5e-7 measured
+// at 1k tokens).
 #include <gtest/gtest.h>
 
 #include "engine/transformer.h"
@@ -37,16 +38,19 @@ TEST(ShippedModel, MatchesTransformersOnShortEvaluationPrompts) {
   for (const testing::ShippedModelCase& c : cases) {
     if (c.length > kLongestOnCpu) continue;
     SCOPED_TRACE(c.name);
-    Transformer transformer(weights, static_cast<int>(c.prompt.size() + c.greedy_continuation.size()));
+    Transformer transformer(weights,
+                            static_cast<int>(c.prompt.size() + c.greedy_continuation.size()));
     std::vector<float> logits = transformer.forward(c.prompt);
     const double deviation = testing::relative_max_deviation(logits, c.last_logits);
     std::cout << c.name << ": last-position logits within " << deviation
               << " of transformers' (relative to the largest)\n";
     EXPECT_LE(deviation, kMaxRelativeDeviation);
     for (size_t step = 0; step < c.greedy_continuation.size(); ++step) {
-      const auto token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const auto token =
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
       ASSERT_EQ(token, c.greedy_continuation[step]) << "greedy step " << step;
-      if (step + 1 < c.greedy_continuation.size()) logits = transformer.forward(std::vector<int32_t>{token});
+      if (step + 1 < c.greedy_continuation.size())
+        logits = transformer.forward(std::vector<int32_t>{token});
     }
     ++checked;
   }

@@ -28,15 +28,6 @@
 namespace entropyinfer::bench {
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-size_t used_gpu_bytes() {
-  const auto [free_bytes, total_bytes] = cuda::device_memory();
-  return total_bytes - free_bytes;
-}
-
 std::vector<std::string> split(const std::string& text, char separator) {
   std::vector<std::string> parts;
   size_t begin = 0;

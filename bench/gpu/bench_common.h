@@ -60,6 +60,16 @@ inline Timing time_runs(const std::function<void()>& work, cudaStream_t stream, 
   return timing;
 }
 
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// GPU memory in use on the device, by this process and any other.
+inline size_t used_gpu_bytes() {
+  const auto [free_bytes, total_bytes] = cuda::device_memory();
+  return total_bytes - free_bytes;
+}
+
 inline std::vector<int64_t> parse_list(const std::string& text) {
   std::vector<int64_t> values;
   size_t begin = 0;

@@ -15,18 +15,6 @@
 #include "model/random_model.h"
 
 namespace entropyinfer::bench {
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-size_t used_gpu_bytes() {
-  const auto [free_bytes, total_bytes] = cuda::device_memory();
-  return total_bytes - free_bytes;
-}
-
-}  // namespace
 
 int run_model_bench(int argc, char** argv) {
   std::string shape = "llama-3.1-8b", json_path;

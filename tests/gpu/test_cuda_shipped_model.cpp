@@ -44,7 +44,8 @@ TEST(CudaShippedModel, MatchesTransformersUpTo32kTokens) {
       }
       if (token != c.greedy_continuation[step]) break;
       ++agreeing;
-      if (step + 1 < c.greedy_continuation.size()) logits = transformer.forward(std::vector<int32_t>{token});
+      if (step + 1 < c.greedy_continuation.size())
+        logits = transformer.forward(std::vector<int32_t>{token});
     }
     std::cout << "  greedy continuation: " << agreeing << " of " << c.greedy_continuation.size()
               << " tokens as transformers\n";
