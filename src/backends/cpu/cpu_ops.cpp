@@ -3,9 +3,15 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <vector>
+
+#include "backends/cpu/attention_tile.h"
+#include "core/error.h"
 
 namespace entropyinfer::cpu {
 namespace {
@@ -87,15 +93,6 @@ __attribute__((target_clones("arch=haswell", "default"))) void linear_kernel(
   }
 }
 
-__attribute__((target_clones("arch=haswell", "default"))) float dot(const float* a, const float* b,
-                                                                    int64_t n) {
-  const float* a_rows[1] = {a};
-  const float* b_rows[1] = {b};
-  float result[1][1];
-  dot_block<1, 1>(a_rows, b_rows, n, result);
-  return result[0][0];
-}
-
 }  // namespace
 
 void linear(const float* x, int64_t tokens, int64_t in, const float* w, const float* bias,
@@ -163,39 +160,77 @@ void apply_rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const
 
 void causal_attention(const float* q, const float* key_cache, const float* value_cache,
                       const AttentionShape& shape, float* out) {
+  if (shape.kv_heads <= 0 || shape.q_heads % shape.kv_heads != 0) {
+    throw Error("causal attention: query heads (" + std::to_string(shape.q_heads) +
+                ") must be a positive multiple of KV heads (" + std::to_string(shape.kv_heads) +
+                ")");
+  }
+  if (shape.tokens <= 0) return;
   const int64_t group = shape.q_heads / shape.kv_heads;
   const int64_t head_dim = shape.head_dim;
-  const int64_t total = shape.tokens * shape.q_heads;
+  const int64_t tile_tokens = attention_tile_tokens(group);
+  const int64_t tiles = (shape.tokens + tile_tokens - 1) / tile_tokens;
+  const int64_t tile_groups = tiles * shape.kv_heads;
+  // The keys of tile `tile`: from its first query's window start to its last query's position.
+  const auto tile_keys = [&](int64_t tile) {
+    const int64_t first_token = tile * tile_tokens;
+    const int64_t last_token = std::min(shape.tokens, first_token + tile_tokens) - 1;
+    const int64_t last_key = shape.first_position + last_token;
+    const int64_t first_key =
+        shape.window > 0
+            ? std::max<int64_t>(0, shape.first_position + first_token - shape.window + 1)
+            : 0;
+    return KeyRange{first_key, last_key - first_key + 1};
+  };
+  // Few tiles over many keys (decode, short chunks after a long prompt) would leave cores idle:
+  // their keys are split into parts of at least kMinSplitKeys, attended separately and combined.
+  // The split depends on the shape only, so results do not depend on the thread count.
+  constexpr int64_t kMinWorkItems = 16;
+  constexpr int64_t kMinSplitKeys = 512;
+  int64_t splits = 1;
+  if (tile_groups < kMinWorkItems) {
+    splits = std::max<int64_t>(1, std::min((kMinWorkItems + tile_groups - 1) / tile_groups,
+                                           tile_keys(tiles - 1).count / kMinSplitKeys));
+  }
+  // A part holds each row's max, sum and unnormalised output; the last part of a tile to finish
+  // combines them, so no thread waits for another.
+  const int64_t part_size = tile_tokens * group * (head_dim + 2);
+  std::vector<float> parts(splits > 1 ? tile_groups * splits * part_size : 0);
+  std::unique_ptr<std::atomic<int64_t>[]> parts_left(
+      splits > 1 ? new std::atomic<int64_t>[tile_groups] : nullptr);
+  for (int64_t i = 0; i < (splits > 1 ? tile_groups : 0); ++i) parts_left[i] = splits;
   // Threads pay off only when there is enough work to hide their start-up (tiny models decode
   // faster on one core).
-  const int64_t work = total * (shape.first_position + shape.tokens) * head_dim;
+  const int64_t work = shape.tokens * shape.q_heads * tile_keys(tiles - 1).count * head_dim;
 #pragma omp parallel if (work > (1 << 18))
   {
-    std::vector<float> scores(static_cast<size_t>(shape.first_position + shape.tokens));
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t index = 0; index < total; ++index) {
-      // Query-major order keeps one query's long score row hot; later queries see more keys, so
-      // dynamic scheduling balances the causal triangle.
-      const int64_t t = index / shape.q_heads;
-      const int64_t head = index % shape.q_heads;
-      const int64_t kv_head = head / group;
-      const int64_t last_key = shape.first_position + t;
-      const int64_t first_key =
-          shape.window > 0 ? std::max<int64_t>(0, last_key - shape.window + 1) : 0;
-      const float* query = q + (t * shape.q_heads + head) * head_dim;
-      const float* keys = key_cache + kv_head * shape.cache_stride * head_dim;
-      const float* values = value_cache + kv_head * shape.cache_stride * head_dim;
-      const int64_t count = last_key - first_key + 1;
-      for (int64_t j = 0; j < count; ++j) {
-        scores[j] = dot(query, keys + (first_key + j) * head_dim, head_dim) * shape.scale;
+    AttentionTileState state;
+    // Later tiles see more keys; handing them out first, dynamically, balances the causal triangle.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < tile_groups * splits; ++item) {
+      const int64_t tile = tiles - 1 - item / (shape.kv_heads * splits);
+      const int64_t kv_head = item / splits % shape.kv_heads;
+      const int64_t split = item % splits;
+      const int64_t first_token = tile * tile_tokens;
+      const int64_t offset = attention_tile_offset(shape, first_token, kv_head);
+      const QueryTile query_tile = attention_query_tile(
+          q, shape, first_token, std::min(tile_tokens, shape.tokens - first_token), kv_head);
+      const KeyRange keys = tile_keys(tile);
+      const KeyRange part{keys.first + keys.count * split / splits,
+                          keys.count * (split + 1) / splits - keys.count * split / splits};
+      const int64_t kv_offset = kv_head * shape.cache_stride * head_dim;
+      begin_attention_tile(query_tile, state);
+      attend_key_range(key_cache + kv_offset, value_cache + kv_offset, part, state);
+      if (splits == 1) {
+        finish_attention_tile(state, group, out + offset, query_tile.token_stride);
+        continue;
       }
-      softmax_inplace(scores.data(), count);
-      float* result = out + (t * shape.q_heads + head) * head_dim;
-      std::fill(result, result + head_dim, 0.0f);
-      for (int64_t j = 0; j < count; ++j) {
-        const float weight = scores[j];
-        const float* value = values + (first_key + j) * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) result[d] += weight * value[d];
+      const int64_t tile_group = tile * shape.kv_heads + kv_head;
+      float* tile_parts = parts.data() + tile_group * splits * part_size;
+      save_attention_part(state, tile_parts + split * part_size);
+      if (parts_left[tile_group].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        combine_attention_parts(tile_parts, splits, part_size, query_tile.tokens, group, head_dim,
+                                out + offset, query_tile.token_stride);
       }
     }
   }

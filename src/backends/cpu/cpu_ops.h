@@ -39,6 +39,9 @@ void apply_rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const
 //        rows apart; positions 0 .. first_position + tokens - 1 must be filled.
 //   out: [tokens, q_heads, head_dim]
 // Query t sees keys 0 .. first_position + t (and, if window > 0, only the last `window` of them).
+// Runs in FlashAttention-style tiles (backends/cpu/attention_tile.h): consecutive queries times a
+// GQA group read each key and value once, with an online softmax. Results do not depend on the
+// thread count. Throws Error unless q_heads is a positive multiple of kv_heads.
 struct AttentionShape {
   int64_t tokens = 0;
   int64_t q_heads = 0;

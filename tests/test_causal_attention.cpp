@@ -1,0 +1,204 @@
+// cpu::causal_attention (FlashAttention-style tiles, online softmax) against attention computed
+// here in double, one query at a time: GQA groups of 1, 3 and 4 query heads; head sizes 64, 128, 40
+// and 37; prefill, chunks after a cache and decode; sliding windows; long decodes and short chunks
+// whose keys are split into parts; and the same bits on one thread as on all of them.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_ops.h"
+#include "core/error.h"
+#include "test_support.h"
+
+namespace entropyinfer {
+namespace {
+
+using testing::random_vector;
+
+// Errors are measured against the largest output magnitude of the case: outputs are convex
+// combinations of values, so this is the scale float rounding works at.
+constexpr double kTolerance = 2e-5;
+
+struct Case {
+  int64_t group = 1;
+  int64_t head_dim = 64;
+  int64_t tokens = 1;
+  int64_t first_position = 0;
+  int64_t window = 0;
+  int64_t kv_heads = 2;
+
+  std::string describe() const {
+    std::ostringstream text;
+    text << "group " << group << ", head_dim " << head_dim << ", tokens " << tokens
+         << ", first_position " << first_position << ", window " << window << ", kv_heads "
+         << kv_heads;
+    return text.str();
+  }
+};
+
+struct Inputs {
+  cpu::AttentionShape shape;
+  std::vector<float> q, keys, values;
+};
+
+Inputs random_inputs(const Case& c, uint32_t seed) {
+  Inputs in;
+  cpu::AttentionShape& s = in.shape;
+  s.tokens = c.tokens;
+  s.q_heads = c.kv_heads * c.group;
+  s.kv_heads = c.kv_heads;
+  s.head_dim = c.head_dim;
+  s.first_position = c.first_position;
+  s.cache_stride = c.first_position + c.tokens + 3;
+  s.window = c.window;
+  s.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // Queries and keys of +-2 give scores with a spread of a few units: peaked softmaxes whose
+  // running max changes from block to block.
+  in.q = random_vector(s.tokens * s.q_heads * s.head_dim, seed, 2.0f);
+  in.keys = random_vector(s.kv_heads * s.cache_stride * s.head_dim, seed + 1, 2.0f);
+  in.values = random_vector(s.kv_heads * s.cache_stride * s.head_dim, seed + 2);
+  // Cache rows past the last position are not filled yet: NaN there catches any read of them.
+  for (int64_t h = 0; h < s.kv_heads; ++h) {
+    for (int64_t row = s.first_position + s.tokens; row < s.cache_stride; ++row) {
+      for (int64_t d = 0; d < s.head_dim; ++d) {
+        const int64_t i = (h * s.cache_stride + row) * s.head_dim + d;
+        in.keys[i] = in.values[i] = std::numeric_limits<float>::quiet_NaN();
+      }
+    }
+  }
+  return in;
+}
+
+// Per query: scores against every key it sees, softmax, weighted sum of the values.
+std::vector<double> reference_attention(const Inputs& in) {
+  const cpu::AttentionShape& s = in.shape;
+  const int64_t group = s.q_heads / s.kv_heads;
+  std::vector<double> out(s.tokens * s.q_heads * s.head_dim, 0.0);
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    const int64_t last = s.first_position + t;
+    const int64_t first = s.window > 0 ? std::max<int64_t>(0, last - s.window + 1) : 0;
+    for (int64_t head = 0; head < s.q_heads; ++head) {
+      const float* query = in.q.data() + (t * s.q_heads + head) * s.head_dim;
+      const int64_t slab = head / group * s.cache_stride;
+      std::vector<double> scores;
+      double largest = -std::numeric_limits<double>::infinity();
+      for (int64_t key = first; key <= last; ++key) {
+        double dot = 0.0;
+        for (int64_t d = 0; d < s.head_dim; ++d)
+          dot += double{query[d]} * in.keys[(slab + key) * s.head_dim + d];
+        scores.push_back(dot * s.scale);
+        largest = std::max(largest, scores.back());
+      }
+      double total = 0.0;
+      for (double& score : scores) total += (score = std::exp(score - largest));
+      double* result = out.data() + (t * s.q_heads + head) * s.head_dim;
+      for (size_t j = 0; j < scores.size(); ++j) {
+        const float* value = in.values.data() + (slab + first + j) * s.head_dim;
+        for (int64_t d = 0; d < s.head_dim; ++d) result[d] += scores[j] / total * value[d];
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<float> run_attention(const Inputs& in) {
+  std::vector<float> out(in.q.size(), std::numeric_limits<float>::quiet_NaN());
+  cpu::causal_attention(in.q.data(), in.keys.data(), in.values.data(), in.shape, out.data());
+  return out;
+}
+
+// max |out - expected| / max |expected|; NaN anywhere counts as infinitely wrong.
+double relative_error(const std::vector<float>& out, const std::vector<double>& expected) {
+  double largest_error = 0.0, largest_value = 0.0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!std::isfinite(out[i])) return std::numeric_limits<double>::infinity();
+    largest_error = std::max(largest_error, std::fabs(out[i] - expected[i]));
+    largest_value = std::max(largest_value, std::fabs(expected[i]));
+  }
+  return largest_error / largest_value;
+}
+
+// Runs every case, checks each against the tolerance and prints the worst error seen.
+void expect_cases_match_reference(const std::vector<Case>& cases, const std::string& name) {
+  double worst = 0.0;
+  std::string worst_case;
+  uint32_t seed = 100;
+  for (const Case& c : cases) {
+    const Inputs in = random_inputs(c, seed += 3);
+    const double error = relative_error(run_attention(in), reference_attention(in));
+    EXPECT_LE(error, kTolerance) << c.describe();
+    if (error >= worst) {
+      worst = error;
+      worst_case = c.describe();
+    }
+  }
+  std::cout << "[ measure ] causal_attention vs double reference, " << name << " (" << cases.size()
+            << " shapes): worst max|error| / max|output| = " << worst << " (" << worst_case
+            << "), tolerance " << kTolerance << "\n";
+}
+
+TEST(CausalAttention, MatchesDoubleReferenceOverGroupsHeadSizesChunksAndWindows) {
+  std::vector<Case> cases;
+  for (int64_t group : {1, 3, 4}) {
+    for (int64_t head_dim : {64, 128, 40, 37}) {
+      for (int64_t tokens : {1, 7, 300}) {
+        for (int64_t first_position : {0, 517}) {
+          for (int64_t window : {0, 100}) {
+            cases.push_back({group, head_dim, tokens, first_position, window});
+          }
+        }
+      }
+    }
+  }
+  expect_cases_match_reference(cases, "groups x head sizes x tokens x cache x window");
+}
+
+TEST(CausalAttention, LongDecodesAndShortChunksSplitTheirKeysAndStillMatch) {
+  // Few tiles over thousands of keys: the keys are attended in parts and the parts combined.
+  const std::vector<Case> cases = {
+      {3, 64, 1, 5000, 0},    {4, 128, 1, 5000, 3000}, {3, 64, 7, 5000, 0},
+      {1, 40, 7, 5000, 1500}, {3, 64, 7, 5000, 100},   {8, 64, 1, 4000, 0, 1},
+      {1, 37, 2, 3000, 0, 1},
+  };
+  expect_cases_match_reference(cases, "split keys");
+}
+
+TEST(CausalAttention, OneThreadGivesTheSameBitsAsAll) {
+  const int threads = omp_get_max_threads();
+  for (const Case& c :
+       {Case{3, 64, 300, 517, 0}, Case{4, 40, 1, 5000, 0}, Case{1, 128, 7, 600, 100}}) {
+    const Inputs in = random_inputs(c, 7);
+    omp_set_num_threads(1);
+    const std::vector<float> one = run_attention(in);
+    omp_set_num_threads(threads);
+    const std::vector<float> all = run_attention(in);
+    EXPECT_EQ(0, std::memcmp(one.data(), all.data(), one.size() * sizeof(float)))
+        << c.describe() << ", " << threads << " threads";
+  }
+}
+
+TEST(CausalAttention, RejectsHeadsThatDoNotFormGroups) {
+  cpu::AttentionShape shape;
+  shape.tokens = 1;
+  shape.q_heads = 5;
+  shape.kv_heads = 2;
+  shape.head_dim = 8;
+  shape.cache_stride = 1;
+  std::vector<float> data(5 * 8);
+  EXPECT_THROW(cpu::causal_attention(data.data(), data.data(), data.data(), shape, data.data()),
+               Error);
+  shape.kv_heads = 0;
+  EXPECT_THROW(cpu::causal_attention(data.data(), data.data(), data.data(), shape, data.data()),
+               Error);
+}
+
+}  // namespace
+}  // namespace entropyinfer
