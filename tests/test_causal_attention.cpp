@@ -1,19 +1,24 @@
 // cpu::causal_attention (FlashAttention-style tiles, online softmax) against attention computed
 // here in double, one query at a time: GQA groups of 1, 3 and 4 query heads; head sizes 64, 128, 40
 // and 37; prefill, chunks after a cache and decode; sliding windows; long decodes and short chunks
-// whose keys are split into parts; and the same bits on one thread as on all of them.
+// whose keys are split into parts; and the same bits on one thread as on all of them. Also
+// cpu::block_sparse_attention, which runs the same tiles, on segments many tiles long.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <limits>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "attention/prefill_plan.h"
+#include "backends/cpu/block_sparse_attention.h"
 #include "backends/cpu/cpu_ops.h"
 #include "core/error.h"
 #include "test_support.h"
@@ -77,23 +82,26 @@ Inputs random_inputs(const Case& c, uint32_t seed) {
   return in;
 }
 
-// Per query: scores against every key it sees, softmax, weighted sum of the values.
-std::vector<double> reference_attention(const Inputs& in) {
+// Per query: scores against every key it sees, softmax, weighted sum of the values. sees(kv_head,
+// t, key) says whether query token t of the KV head's group sees the key.
+std::vector<double> reference_attention(
+    const Inputs& in, const std::function<bool(int64_t, int64_t, int64_t)>& sees) {
   const cpu::AttentionShape& s = in.shape;
   const int64_t group = s.q_heads / s.kv_heads;
   std::vector<double> out(s.tokens * s.q_heads * s.head_dim, 0.0);
   for (int64_t t = 0; t < s.tokens; ++t) {
-    const int64_t last = s.first_position + t;
-    const int64_t first = s.window > 0 ? std::max<int64_t>(0, last - s.window + 1) : 0;
     for (int64_t head = 0; head < s.q_heads; ++head) {
       const float* query = in.q.data() + (t * s.q_heads + head) * s.head_dim;
       const int64_t slab = head / group * s.cache_stride;
+      std::vector<int64_t> keys;
       std::vector<double> scores;
       double largest = -std::numeric_limits<double>::infinity();
-      for (int64_t key = first; key <= last; ++key) {
+      for (int64_t key = 0; key <= s.first_position + t; ++key) {
+        if (!sees(head / group, t, key)) continue;
         double dot = 0.0;
         for (int64_t d = 0; d < s.head_dim; ++d)
           dot += double{query[d]} * in.keys[(slab + key) * s.head_dim + d];
+        keys.push_back(key);
         scores.push_back(dot * s.scale);
         largest = std::max(largest, scores.back());
       }
@@ -101,12 +109,20 @@ std::vector<double> reference_attention(const Inputs& in) {
       for (double& score : scores) total += (score = std::exp(score - largest));
       double* result = out.data() + (t * s.q_heads + head) * s.head_dim;
       for (size_t j = 0; j < scores.size(); ++j) {
-        const float* value = in.values.data() + (slab + first + j) * s.head_dim;
+        const float* value = in.values.data() + (slab + keys[j]) * s.head_dim;
         for (int64_t d = 0; d < s.head_dim; ++d) result[d] += scores[j] / total * value[d];
       }
     }
   }
   return out;
+}
+
+// Causal attention: query t sees keys up to its position, within the window if there is one.
+std::vector<double> reference_attention(const Inputs& in) {
+  const cpu::AttentionShape& s = in.shape;
+  return reference_attention(in, [&s](int64_t, int64_t t, int64_t key) {
+    return s.window <= 0 || key > s.first_position + t - s.window;
+  });
 }
 
 std::vector<float> run_attention(const Inputs& in) {
@@ -183,6 +199,55 @@ TEST(CausalAttention, OneThreadGivesTheSameBitsAsAll) {
     EXPECT_EQ(0, std::memcmp(one.data(), all.data(), one.size() * sizeof(float)))
         << c.describe() << ", " << threads << " threads";
   }
+}
+
+TEST(BlockSparseAttentionTiles, SegmentsOfManyTilesMatchDoubleReference) {
+  // Segments of 256 tokens hold several tiles (the last segment a short one, ending inside a
+  // tile); sparse segments read random blocks before them, dense ones everything.
+  double worst = 0.0;
+  for (const Case& c : {Case{3, 64, 700}, Case{4, 40, 600}, Case{1, 37, 333, 0, 0, 1}}) {
+    const Inputs in = random_inputs(c, 41);
+    LayerPrefillPlan plan;
+    plan.dense = false;
+    plan.num_tokens = c.tokens;
+    plan.num_kv_heads = static_cast<int>(c.kv_heads);
+    plan.segment_size = 256;
+    plan.block_size = 32;
+    plan.num_segments = static_cast<int>((c.tokens + 255) / 256);
+    std::mt19937 generator(5);
+    for (int segment = 0; segment < plan.num_segments; ++segment)
+      plan.segment_sparse.push_back(segment % 2 == 1 ? 1 : 0);
+    plan.row_offsets.push_back(0);
+    for (int h = 0; h < plan.num_kv_heads; ++h) {
+      for (int segment = 0; segment < plan.num_segments; ++segment) {
+        if (plan.segment_sparse[segment]) {
+          for (int32_t block = 0; block < segment * 256 / 32; ++block) {
+            if (generator() % 3 == 0) plan.block_indices.push_back(block);
+          }
+        }
+        plan.row_offsets.push_back(static_cast<int32_t>(plan.block_indices.size()));
+      }
+    }
+    const auto sees = [&plan](int64_t kv_head, int64_t t, int64_t key) {
+      const int64_t segment = t / plan.segment_size;
+      if (!plan.segment_sparse[segment] || key >= segment * plan.segment_size) return true;
+      const int64_t row = kv_head * plan.num_segments + segment;
+      for (int32_t i = plan.row_offsets[row]; i < plan.row_offsets[row + 1]; ++i) {
+        if (key / plan.block_size == plan.block_indices[i]) return true;
+      }
+      return false;
+    };
+    std::vector<float> out(in.q.size(), std::numeric_limits<float>::quiet_NaN());
+    cpu::block_sparse_attention(in.q.data(), in.keys.data(), in.values.data(), in.shape, plan,
+                                out.data());
+    const double error = relative_error(out, reference_attention(in, sees));
+    EXPECT_LE(error, kTolerance) << c.describe();
+    worst = std::max(worst, error);
+  }
+  std::cout
+      << "[ measure ] block_sparse_attention vs double reference (3 shapes, segments of 256): "
+         "worst max|error| / max|output| = "
+      << worst << ", tolerance " << kTolerance << "\n";
 }
 
 TEST(CausalAttention, RejectsHeadsThatDoNotFormGroups) {

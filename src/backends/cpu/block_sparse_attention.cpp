@@ -5,17 +5,11 @@
 #include <utility>
 #include <vector>
 
-#include "backends/cpu/inline_dot.h"
+#include "backends/cpu/attention_tile.h"
 #include "core/error.h"
 
 namespace entropyinfer::cpu {
 namespace {
-
-// A run of consecutive key positions [first, first + count).
-struct KeyRange {
-  int64_t first;
-  int64_t count;
-};
 
 void check_plan(const AttentionShape& shape, const LayerPrefillPlan& plan) {
   if (shape.first_position != 0 || shape.window != 0) {
@@ -57,34 +51,6 @@ void check_plan(const AttentionShape& shape, const LayerPrefillPlan& plan) {
   }
 }
 
-// Softmax-weighted sum of the values at `ranges` for one query; scores is scratch space. Cloned for
-// AVX2 like the dense kernels, so sparse and dense attention are compared on equal terms.
-__attribute__((target_clones("arch=haswell", "default"))) void attend(
-    const float* query, const float* keys, const float* values, int64_t head_dim, float scale,
-    const std::vector<KeyRange>& ranges, std::vector<float>& scores, float* result) {
-  int64_t total = 0;
-  for (const KeyRange& range : ranges) total += range.count;
-  scores.resize(static_cast<size_t>(total));
-  int64_t next = 0;
-  for (const KeyRange& range : ranges) {
-    for (int64_t j = 0; j < range.count; ++j) {
-      scores[next++] =
-          cpu::inline_dot(query, keys + (range.first + j) * head_dim, head_dim) * scale;
-    }
-  }
-  softmax_inplace(scores.data(), total);
-  std::fill(result, result + head_dim, 0.0f);
-  next = 0;
-  for (const KeyRange& range : ranges) {
-    for (int64_t j = 0; j < range.count; ++j) {
-      const float weight = scores[next++];
-      const float* value = values + (range.first + j) * head_dim;
-#pragma omp simd
-      for (int64_t d = 0; d < head_dim; ++d) result[d] += weight * value[d];
-    }
-  }
-}
-
 }  // namespace
 
 void block_sparse_attention(const float* q, const float* key_cache, const float* value_cache,
@@ -97,21 +63,26 @@ void block_sparse_attention(const float* q, const float* key_cache, const float*
   const int64_t group = shape.q_heads / shape.kv_heads;
   const int64_t head_dim = shape.head_dim;
   const int64_t segments = plan.num_segments;
-  const int64_t items = segments * shape.q_heads;
+  // Each segment's queries in the tiles causal_attention uses (consecutive tokens times the KV
+  // head's query group), so sparse and dense attention run the same kernel and read each selected
+  // key once per tile.
+  const int64_t tile_tokens = attention_tile_tokens(group);
+  const int64_t segment_tiles = (plan.segment_size + tile_tokens - 1) / tile_tokens;
+  const int64_t items = segments * shape.kv_heads * segment_tiles;
 #pragma omp parallel
   {
-    std::vector<float> scores;
+    AttentionTileState state;
     std::vector<KeyRange> ranges;
     // Late dense segments cost the most; handing items out last segment first balances the cores.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
-      const int64_t segment = segments - 1 - item / shape.q_heads;
-      const int64_t head = item % shape.q_heads;
-      const int64_t kv_head = head / group;
+      const int64_t segment = segments - 1 - item / (shape.kv_heads * segment_tiles);
+      const int64_t kv_head = item / segment_tiles % shape.kv_heads;
       const int64_t start = segment * plan.segment_size;
       const int64_t end = std::min<int64_t>(shape.tokens, start + plan.segment_size);
-      const float* keys = key_cache + kv_head * shape.cache_stride * head_dim;
-      const float* values = value_cache + kv_head * shape.cache_stride * head_dim;
+      const int64_t first_token = start + item % segment_tiles * tile_tokens;
+      if (first_token >= end) continue;  // past the end of a short last segment
+      const int64_t tokens = std::min(tile_tokens, end - first_token);
       // Keys before the segment: the selected blocks (adjacent ones merged) or everything.
       ranges.clear();
       if (plan.segment_sparse[segment]) {
@@ -127,13 +98,16 @@ void block_sparse_attention(const float* q, const float* key_cache, const float*
       } else if (start > 0) {
         ranges.push_back({0, start});
       }
-      const size_t before = ranges.size();
-      for (int64_t t = start; t < end; ++t) {
-        ranges.resize(before);
-        ranges.push_back({start, t - start + 1});  // the segment's own keys, causally
-        attend(q + (t * shape.q_heads + head) * head_dim, keys, values, head_dim, shape.scale,
-               ranges, scores, out + (t * shape.q_heads + head) * head_dim);
+      // The segment's own keys up to the tile's last query; the tile masks them causally.
+      ranges.push_back({start, first_token + tokens - start});
+      const QueryTile tile = attention_query_tile(q, shape, first_token, tokens, kv_head);
+      const int64_t kv_offset = kv_head * shape.cache_stride * head_dim;
+      begin_attention_tile(tile, state);
+      for (const KeyRange& range : ranges) {
+        attend_key_range(key_cache + kv_offset, value_cache + kv_offset, range, state);
       }
+      finish_attention_tile(state, group, out + attention_tile_offset(shape, first_token, kv_head),
+                            tile.token_stride);
     }
   }
 }
