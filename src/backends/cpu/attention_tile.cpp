@@ -13,8 +13,8 @@
 namespace entropyinfer::cpu {
 namespace {
 
-// Keys per block: the block's scores ([keys][64 rows]) and its keys and values stay in L1/L2 while
-// every row of the tile uses them.
+// Keys per block: the block's scores ([64 keys][about 96 rows]) and its keys and values stay in
+// L1/L2 while every row of the tile uses them (64 measured a little faster than 128 or 256).
 constexpr int64_t kKeyBlock = 64;
 constexpr int kLanes = 8;
 constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
