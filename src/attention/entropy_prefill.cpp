@@ -108,9 +108,9 @@ HeadExtrema segment_query_extrema(const float* queries, int64_t num_tokens, int 
   return extrema;
 }
 
-__attribute__((target_clones("arch=haswell", "default"))) void criticality_row(
-    const HeadExtrema& query_extrema, const HeadExtrema& key_extrema, int kv_head, int64_t segment,
-    int64_t count, float* scores) {
+ENTROPYINFER_SIMD_CLONES void criticality_row(const HeadExtrema& query_extrema,
+                                              const HeadExtrema& key_extrema, int kv_head,
+                                              int64_t segment, int64_t count, float* scores) {
   const int group = query_extrema.num_heads / key_extrema.num_heads;
   const int head_dim = key_extrema.head_dim;
   // Midpoints (qmax + qmin) / 2 of the group's query heads, [group][head_dim].

@@ -39,10 +39,11 @@ namespace {
 
 // Window scores of one query head into row[0 .. candidates). logits is scratch space
 // [window][length] filled key-outer, so each cached key is read once for all the window's queries.
-__attribute__((target_clones("arch=haswell", "default"))) void head_window_scores(
-    const float* window_queries, int q_heads, int head, int window, const float* keys,
-    int64_t length, int head_dim, float scale, int64_t candidates, std::vector<float>& logits,
-    std::vector<double>& sums, float* row) {
+ENTROPYINFER_SIMD_CLONES void head_window_scores(const float* window_queries, int q_heads, int head,
+                                                 int window, const float* keys, int64_t length,
+                                                 int head_dim, float scale, int64_t candidates,
+                                                 std::vector<float>& logits,
+                                                 std::vector<double>& sums, float* row) {
   logits.resize(static_cast<size_t>(window) * length);
   const int64_t first_position = length - window;  // cache position of window query 0
   for (int64_t j = 0; j < length; ++j) {

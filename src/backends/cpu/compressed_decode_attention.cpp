@@ -11,9 +11,10 @@ namespace entropyinfer::cpu {
 namespace {
 
 // One query head over its cache: softmax(q.k * scale) weighted sum of the values.
-__attribute__((target_clones("arch=haswell", "default"))) void attend_one_head(
-    const float* query, const float* keys, const float* values, int64_t length, int64_t head_dim,
-    float scale, std::vector<float>& scores, float* result) {
+ENTROPYINFER_SIMD_CLONES void attend_one_head(const float* query, const float* keys,
+                                              const float* values, int64_t length, int64_t head_dim,
+                                              float scale, std::vector<float>& scores,
+                                              float* result) {
   std::fill(result, result + head_dim, 0.0f);
   if (length <= 0) return;
   scores.resize(static_cast<size_t>(length));

@@ -11,24 +11,19 @@
 #include <vector>
 
 #include "backends/cpu/attention_tile.h"
+#include "backends/cpu/inline_dot.h"
 #include "core/error.h"
 
 namespace entropyinfer::cpu {
 namespace {
 
-// Eight floats as one value; GCC lowers it to AVX or SSE depending on the target clone. aligned(4)
-// allows unaligned loads straight from weight rows.
-typedef float Float8 __attribute__((vector_size(32), aligned(4)));
-
-inline float horizontal_sum(Float8 v) {
-  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-}
-
 // Dot products of `Rows` weight rows with `Tokens` activation rows, each of length `in`. All Rows x
 // Tokens sums stay in registers while the shared k loop streams both operands once.
+// The helpers below are always inlined into linear_chunk, the function cloned per instruction set:
+// a call to a separate function would run that function's portable code (inline_dot.h).
 template <int Rows, int Tokens>
-inline void dot_block(const float* const* w_rows, const float* const* x_rows, int64_t in,
-                      float (&result)[Rows][Tokens]) {
+[[gnu::always_inline]] inline void dot_block(const float* const* w_rows, const float* const* x_rows,
+                                             int64_t in, float (&result)[Rows][Tokens]) {
   Float8 acc[Rows][Tokens] = {};
   int64_t k = 0;
   for (; k + 8 <= in; k += 8) {
@@ -41,7 +36,7 @@ inline void dot_block(const float* const* w_rows, const float* const* x_rows, in
   }
   for (int r = 0; r < Rows; ++r) {
     for (int t = 0; t < Tokens; ++t) {
-      float sum = horizontal_sum(acc[r][t]);
+      float sum = horizontal_sum8(acc[r][t]);
       for (int64_t kk = k; kk < in; ++kk) sum += w_rows[r][kk] * x_rows[t][kk];
       result[r][t] = sum;
     }
@@ -49,8 +44,9 @@ inline void dot_block(const float* const* w_rows, const float* const* x_rows, in
 }
 
 template <int Rows, int Tokens>
-inline void linear_tile(const float* x, int64_t t0, int64_t in, const float* w, const float* bias,
-                        int64_t o0, int64_t out, float* y) {
+[[gnu::always_inline]] inline void linear_tile(const float* x, int64_t t0, int64_t in,
+                                               const float* w, const float* bias, int64_t o0,
+                                               int64_t out, float* y) {
   const float* w_rows[Rows];
   const float* x_rows[Tokens];
   for (int r = 0; r < Rows; ++r) w_rows[r] = w + (o0 + r) * in;
@@ -66,8 +62,9 @@ inline void linear_tile(const float* x, int64_t t0, int64_t in, const float* w, 
 // Rows of one tile for a given token count: a 3x4 tile keeps 12 accumulators plus the operands
 // within 16 vector registers; a single token (decode) reads 4 weight rows per pass.
 template <int Tokens>
-void linear_rows(const float* x, int64_t t0, int64_t in, const float* w, const float* bias,
-                 int64_t row_begin, int64_t row_end, int64_t out, float* y) {
+[[gnu::always_inline]] inline void linear_rows(const float* x, int64_t t0, int64_t in,
+                                               const float* w, const float* bias, int64_t row_begin,
+                                               int64_t row_end, int64_t out, float* y) {
   constexpr int kRows = Tokens == 1 ? 4 : 3;
   int64_t o = row_begin;
   for (; o + kRows <= row_end; o += kRows)
@@ -75,9 +72,20 @@ void linear_rows(const float* x, int64_t t0, int64_t in, const float* w, const f
   for (; o < row_end; ++o) linear_tile<1, Tokens>(x, t0, in, w, bias, o, out, y);
 }
 
-__attribute__((target_clones("arch=haswell", "default"))) void linear_kernel(
-    const float* x, int64_t tokens, int64_t in, const float* w, const float* bias, int64_t out,
-    float* y) {
+// Output rows [row_begin, row_end) for every token. Cloned by CPU features (x86-64-v3 where the CPU
+// has it, on Intel and AMD alike), with everything it calls inlined.
+ENTROPYINFER_SIMD_CLONES void linear_chunk(const float* x, int64_t tokens, int64_t in,
+                                           const float* w, const float* bias, int64_t out, float* y,
+                                           int64_t row_begin, int64_t row_end) {
+  int64_t t = 0;
+  for (; t + 4 <= tokens; t += 4) linear_rows<4>(x, t, in, w, bias, row_begin, row_end, out, y);
+  for (; t < tokens; ++t) linear_rows<1>(x, t, in, w, bias, row_begin, row_end, out, y);
+}
+
+}  // namespace
+
+void linear(const float* x, int64_t tokens, int64_t in, const float* w, const float* bias,
+            int64_t out, float* y) {
   // Rows are split into chunks small enough that a chunk of weights stays in L2 while every token
   // block passes over it.
   const int64_t row_chunk =
@@ -86,18 +94,8 @@ __attribute__((target_clones("arch=haswell", "default"))) void linear_kernel(
 #pragma omp parallel for schedule(static) if (tokens * in * out > (1 << 16))
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int64_t row_begin = chunk * row_chunk;
-    const int64_t row_end = std::min(out, row_begin + row_chunk);
-    int64_t t = 0;
-    for (; t + 4 <= tokens; t += 4) linear_rows<4>(x, t, in, w, bias, row_begin, row_end, out, y);
-    for (; t < tokens; ++t) linear_rows<1>(x, t, in, w, bias, row_begin, row_end, out, y);
+    linear_chunk(x, tokens, in, w, bias, out, y, row_begin, std::min(out, row_begin + row_chunk));
   }
-}
-
-}  // namespace
-
-void linear(const float* x, int64_t tokens, int64_t in, const float* w, const float* bias,
-            int64_t out, float* y) {
-  linear_kernel(x, tokens, in, w, bias, out, y);
 }
 
 void rms_norm(const float* x, const float* weight, int64_t rows, int64_t size, float eps,
