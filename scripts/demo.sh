@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The README's main command: installs what is missing, builds, and asks the project's own trained
-# long-context model (models/needle-llama-11m) a needle question over an 8k-token document, once with
+# long-context model (models/needle-llama-11m) a needle question over a 16k-token document, once with
 # full attention and once with EntropyInfer, printing both answers, the time to first token and the
 # fraction of full attention's work each did. Extra arguments go to `entropyinfer needle` (e.g.
-# --length 16k, --budget 1024, --methods full,entropy+latent,critiprefill, --index 3).
+# --length 32k, --budget 1024, --methods full,entropy+latent,critiprefill, --index 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh

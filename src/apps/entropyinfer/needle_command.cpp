@@ -34,7 +34,7 @@ constexpr const char* kDefaultModel = "models/needle-llama-11m";
 
 struct NeedleArgs {
   std::string model;
-  std::string length = "8192";
+  std::string length = "16384";
   int index = 0;
   uint64_t seed = 0;
   std::string device = "cpu";
@@ -431,7 +431,7 @@ void register_needle(CLI::App& app) {
   command->add_option("-m,--model", args->model,
                       std::string("Hugging Face model folder with task_words.json (default: ") +
                           kDefaultModel + " above the current directory or the executable)");
-  command->add_option("--length", args->length, "Prompt length in tokens (8192 or 8k)")
+  command->add_option("--length", args->length, "Prompt length in tokens (16384 or 16k)")
       ->capture_default_str();
   command->add_option("--index", args->index, "Which niah_single sample (TASKS.md section 2)")
       ->capture_default_str();
