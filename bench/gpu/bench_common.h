@@ -17,6 +17,7 @@
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/device_info.h"
 #include "backends/cuda/flash_attention.h"
+#include "core/stopwatch.h"
 
 namespace entropyinfer::bench {
 
@@ -58,10 +59,6 @@ inline Timing time_runs(const std::function<void()>& work, cudaStream_t stream, 
                          : 0.5 * (times[times.size() / 2 - 1] + times[times.size() / 2]);
   timing.min_ms = times.front();
   return timing;
-}
-
-inline double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 // GPU memory in use on the device, by this process and any other.

@@ -19,6 +19,7 @@
 #include "apps/entropyinfer/cli_common.h"
 #include "apps/entropyinfer/commands.h"
 #include "core/error.h"
+#include "core/stopwatch.h"
 #include "engine/transformer.h"
 #include "model/random_model.h"
 
@@ -70,10 +71,6 @@ void run_bench_on_cuda(const BenchArgs& args) {
   cuda_args.markdown_path = args.markdown_path;
   cuda_args.command_line = describe_command(args);
   run_cuda_bench(cuda_args);
-}
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 double median(std::vector<double> values) {

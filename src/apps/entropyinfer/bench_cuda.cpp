@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/stopwatch.h"
 
 #ifdef ENTROPYINFER_WITH_CUDA
 #include "apps/entropyinfer/cli_common.h"
@@ -42,10 +43,6 @@ void run_cuda_bench(const CudaBenchArgs&) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0.0;

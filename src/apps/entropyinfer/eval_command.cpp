@@ -23,6 +23,7 @@
 #include "apps/entropyinfer/greedy_model.h"
 #include "attention/entropy_prefill.h"
 #include "core/error.h"
+#include "core/stopwatch.h"
 #include "engine/transformer.h"
 #include "eval/eval_report.h"
 #include "eval/ruler_tasks.h"
@@ -52,10 +53,6 @@ struct EvalArgs {
   int chunk_tokens = 8192;
   AttentionOptions attention;
 };
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 std::string format_duration(double seconds) {
   const long long total = static_cast<long long>(seconds + 0.5);

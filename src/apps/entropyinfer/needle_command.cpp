@@ -21,6 +21,7 @@
 #include "apps/entropyinfer/greedy_model.h"
 #include "attention/entropy_prefill.h"
 #include "core/error.h"
+#include "core/stopwatch.h"
 #include "eval/ruler_tasks.h"
 #include "model/model_config.h"
 
@@ -46,10 +47,6 @@ struct NeedleArgs {
   int chunk_tokens = 8192;
   AttentionOptions attention;
 };
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 std::string percent(double fraction) {
   char text[32];

@@ -14,6 +14,7 @@
 #include "backends/cuda/prefill_estimate.h"
 #include "backends/cuda/ragged_decode.h"
 #include "core/error.h"
+#include "core/stopwatch.h"
 #include "engine/rope.h"
 
 namespace entropyinfer::cuda {
@@ -989,10 +990,6 @@ struct CudaTransformer::State {
     compressed = true;
     drop_graph();  // the captured steps read the old caches
     work.compression_ms = 1e3 * compression_seconds;
-  }
-
-  static double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
   void drop_graph() {
