@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "attention/attention_config.h"
+#include "attention/decode_policy.h"
 #include "backends/cuda/cuda_transformer.h"
 #include "bench_common.h"
 #include "core/error.h"
@@ -39,20 +40,10 @@ std::vector<std::string> split(const std::string& text, char separator) {
   return parts;
 }
 
-// "prefill[+decode]", e.g. full, entropy+snapkv.
-AttentionConfig parse_method(const std::string& text) {
-  const std::vector<std::string> parts = split(text, '+');
-  if (parts.empty() || parts.size() > 2) throw Error("method '" + text + "': use prefill[+decode]");
-  AttentionConfig attention;
-  attention.prefill = parse_prefill_method(parts[0]);
-  if (parts.size() == 2) attention.decode = parse_decode_method(parts[1]);
-  attention.validate();
-  return attention;
-}
-
-bool compresses_after_prompt(DecodeMethod method) {
-  return method == DecodeMethod::kSnapKV || method == DecodeMethod::kAdaKV ||
-         method == DecodeMethod::kPyramidKV || method == DecodeMethod::kStreamingLLM;
+// The decode methods compress_during_prefill accepts: those that compress right after the prompt.
+bool compresses_after_prompt(const AttentionConfig& attention) {
+  return attention.decode != DecodeMethod::kFull &&
+         make_decode_policy(attention)->compress_after_generated() == 0;
 }
 
 struct Attempt {
@@ -125,12 +116,12 @@ int run_capacity_bench(int argc, char** argv) {
   }
 
   for (const std::string& method : methods) {
-    const AttentionConfig attention = parse_method(method);
+    const AttentionConfig attention = with_methods(method, AttentionConfig{});
     cuda::CudaModelOptions options;
     options.chunk_tokens = chunk_tokens;
     options.attention = attention;
     options.decode_room = decode_tokens + 16;
-    options.compress_during_prefill = compresses_after_prompt(attention.decode);
+    options.compress_during_prefill = compresses_after_prompt(attention);
     std::cout << "== " << method
               << (options.compress_during_prefill ? " (compressing during the prefill)" : "")
               << "\n";

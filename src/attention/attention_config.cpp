@@ -296,6 +296,16 @@ nlohmann::json attention_config_to_json(const AttentionConfig& config) {
   return json;
 }
 
+AttentionConfig with_methods(const std::string& text, const AttentionConfig& base) {
+  AttentionConfig config = base;
+  const size_t plus = text.find('+');
+  config.prefill = parse_prefill_method(text.substr(0, plus));
+  config.decode =
+      plus == std::string::npos ? DecodeMethod::kFull : parse_decode_method(text.substr(plus + 1));
+  config.validate();
+  return config;
+}
+
 PrefillMethod parse_prefill_method(const std::string& name) {
   if (name == "full") return PrefillMethod::kFull;
   if (name == "entropy") return PrefillMethod::kEntropy;

@@ -65,4 +65,8 @@ DecodeMethod parse_decode_method(
 std::string prefill_method_name(PrefillMethod method);
 std::string decode_method_name(DecodeMethod method);
 
+// "prefill[+decode]" (e.g. "entropy+latent"; the decode method is full when left out) applied to
+// `base`, validated; Error naming the bad part.
+AttentionConfig with_methods(const std::string& text, const AttentionConfig& base);
+
 }  // namespace entropyinfer

@@ -21,16 +21,6 @@
 
 namespace entropyinfer::cli {
 
-AttentionConfig parse_method(const std::string& text, const AttentionConfig& base) {
-  AttentionConfig config = base;
-  const size_t plus = text.find('+');
-  config.prefill = parse_prefill_method(text.substr(0, plus));
-  config.decode =
-      plus == std::string::npos ? DecodeMethod::kFull : parse_decode_method(text.substr(plus + 1));
-  config.validate();
-  return config;
-}
-
 #ifndef ENTROPYINFER_WITH_CUDA
 
 void run_cuda_bench(const CudaBenchArgs&) {
@@ -86,7 +76,7 @@ void run_cuda_bench(const CudaBenchArgs& args) {
     if (at != std::string::npos && method.substr(at) != "@layer") {
       throw Error("--methods: unknown suffix in '" + method + "' (known: @layer)");
     }
-    methods.push_back(parse_method(method.substr(0, at), args.base));
+    methods.push_back(with_methods(method.substr(0, at), args.base));
     layer_major.push_back(at != std::string::npos);
   }
   const int longest = *std::max_element(args.prompt_tokens.begin(), args.prompt_tokens.end());

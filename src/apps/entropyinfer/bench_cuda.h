@@ -28,7 +28,4 @@ struct CudaBenchArgs {
 // Throws Error when this build has no CUDA backend or no GPU is present.
 void run_cuda_bench(const CudaBenchArgs& args);
 
-// "entropy+latent" -> the base configuration with those methods; Error naming a bad part.
-AttentionConfig parse_method(const std::string& text, const AttentionConfig& base);
-
 }  // namespace entropyinfer::cli

@@ -17,7 +17,6 @@
 #include <sstream>
 
 #include "apps/entropyinfer/attention_options.h"
-#include "apps/entropyinfer/bench_cuda.h"
 #include "apps/entropyinfer/cli_common.h"
 #include "apps/entropyinfer/commands.h"
 #include "apps/entropyinfer/greedy_model.h"

@@ -9,7 +9,6 @@
 #include <set>
 #include <stdexcept>
 
-#include "apps/entropyinfer/bench_cuda.h"
 #include "core/error.h"
 
 #ifdef ENTROPYINFER_WITH_CUDA
@@ -165,7 +164,7 @@ std::vector<AttentionConfig> parse_methods_flag(const std::vector<std::string>& 
   for (const std::string& method : methods) {
     if (!seen.insert(method).second) throw Error("--methods: '" + method + "' is given twice");
     try {
-      configs.push_back(parse_method(method, base));
+      configs.push_back(with_methods(method, base));
     } catch (const Error& error) {
       throw Error("--methods: '" + method + "': " + error.what());
     }
