@@ -344,18 +344,10 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
   if (args.samples < 1) throw Error("--samples must be >= 1");
   if (args.chunk_tokens < 1) throw Error("--chunk must be >= 1");
   const eval::RulerWordSet words = eval::parse_ruler_word_set(args.words);
-  for (const char* flag : {"--base-budget", "--critiprefill-budget", "--decode-budget"}) {
-    if (command->get_option(flag)->count() > 0) {
-      throw Error(std::string(flag) +
-                  ": eval gives every method the same budget; set the levels with --budgets");
-    }
-  }
-  for (const char* flag : {"--prefill", "--decode"}) {
-    if (command->get_option(flag)->count() > 0) {
-      throw Error(std::string(flag) +
-                  ": eval runs the methods named by --methods (prefill[+decode])");
-    }
-  }
+  reject_flags(command, {"--base-budget", "--critiprefill-budget", "--decode-budget"},
+               "eval gives every method the same budget; set the levels with --budgets");
+  reject_flags(command, {"--prefill", "--decode"},
+               "eval runs the methods named by --methods (prefill[+decode])");
   const AttentionConfig base = args.attention.resolve();
   // sparse_threshold follows the budget level unless the user set it.
   const bool threshold_given = sparse_threshold_given(command);
@@ -369,14 +361,8 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
       continue;
     }
     for (int budget : budgets) {
-      const AttentionConfig level = at_budget_level(config, budget, !threshold_given);
-      try {
-        level.validate();
-      } catch (const Error& error) {
-        throw Error("--budgets " + std::to_string(budget) + " with '" + method +
-                    "': " + error.what());
-      }
-      runs.push_back({method, budget, level});
+      runs.push_back({method, budget,
+                      checked_budget_level(config, budget, !threshold_given, "--budgets", method)});
     }
   }
   if (args.model.empty()) throw Error("--model: give the model folder");
@@ -402,7 +388,6 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
   int64_t tokens_per_run = 0;
   {
     const auto start = Clock::now();
-    const std::optional<int32_t> bos = tokenizer->bos_id();
     for (eval::RulerTask task : tasks) {
       for (int length : lengths) {
         std::fprintf(stderr, "\rpreparing samples: %s at %d tokens%s",
@@ -412,11 +397,7 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
         for (eval::RulerSample& sample :
              eval::make_ruler_samples(task, length, args.samples, args.seed, *tokenizer, sources)) {
           PreparedSample prepared;
-          if (bos) prepared.ids.push_back(*bos);
-          EncodeOptions encode;
-          encode.add_bos = false;
-          encode.parse_special = false;
-          for (int32_t id : tokenizer->encode(sample.prompt, encode)) prepared.ids.push_back(id);
+          prepared.ids = prompt_token_ids(*tokenizer, sample.prompt);
           tokens_per_run += static_cast<int64_t>(prepared.ids.size());
           prepared.sample = std::move(sample);
           samples.push_back(std::move(prepared));

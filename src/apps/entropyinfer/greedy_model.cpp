@@ -184,6 +184,35 @@ AttentionConfig at_budget_level(AttentionConfig config, int budget, bool scale_t
   return config;
 }
 
+AttentionConfig checked_budget_level(const AttentionConfig& config, int budget,
+                                     bool scale_threshold, const std::string& flag,
+                                     const std::string& method) {
+  const AttentionConfig level = at_budget_level(config, budget, scale_threshold);
+  try {
+    level.validate();
+  } catch (const Error& error) {
+    throw Error(flag + " " + std::to_string(budget) + " with '" + method + "': " + error.what());
+  }
+  return level;
+}
+
+void reject_flags(CLI::App* command, std::initializer_list<const char*> flags,
+                  const std::string& why) {
+  for (const char* flag : flags) {
+    if (command->get_option(flag)->count() > 0) throw Error(std::string(flag) + ": " + why);
+  }
+}
+
+std::vector<int32_t> prompt_token_ids(const Tokenizer& tokenizer, const std::string& prompt) {
+  std::vector<int32_t> ids;
+  if (const std::optional<int32_t> bos = tokenizer.bos_id()) ids.push_back(*bos);
+  EncodeOptions encode;
+  encode.add_bos = false;
+  encode.parse_special = false;
+  for (int32_t id : tokenizer.encode(prompt, encode)) ids.push_back(id);
+  return ids;
+}
+
 bool sparse_threshold_given(CLI::App* command) {
   bool given = command->get_option("--sparse-threshold")->count() > 0;
   if (const CLI::Option* file = command->get_option("--attention-config"); file->count() > 0) {

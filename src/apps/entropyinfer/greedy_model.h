@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <filesystem>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -86,6 +87,20 @@ bool has_budget(const AttentionConfig& config);
 // critiprefill_budget, decode budget K), and sparse prefill segments start at B when
 // `scale_threshold` (the released threshold of 4096 would leave every 4k prompt dense).
 AttentionConfig at_budget_level(AttentionConfig config, int budget, bool scale_threshold);
+
+// at_budget_level, validated: an Error names `flag` (--budget or --budgets), the budget and the
+// method.
+AttentionConfig checked_budget_level(const AttentionConfig& config, int budget,
+                                     bool scale_threshold, const std::string& flag,
+                                     const std::string& method);
+
+// An Error "<flag>: <why>" for the first of `flags` that was given on the command line.
+void reject_flags(CLI::App* command, std::initializer_list<const char*> flags,
+                  const std::string& why);
+
+// A task prompt as the model reads it (training/TASKS.md): BOS, then the prompt's ids without
+// parsing special tokens.
+std::vector<int32_t> prompt_token_ids(const Tokenizer& tokenizer, const std::string& prompt);
 
 // Whether the user set sparse_threshold, by flag or in the --attention-config file; if not, the
 // budget level sets it.

@@ -223,20 +223,12 @@ void run_needle(const NeedleArgs& args, CLI::App* command) {
   const int length = parse_token_count("--length", args.length);
   if (args.index < 0) throw Error("--index must be >= 0");
   if (args.chunk_tokens < 1) throw Error("--chunk must be >= 1");
-  for (const char* flag : {"--prefill", "--decode"}) {
-    if (command->get_option(flag)->count() > 0) {
-      throw Error(std::string(flag) +
-                  ": needle runs the methods named by --methods (prefill[+decode])");
-    }
-  }
+  reject_flags(command, {"--prefill", "--decode"},
+               "needle runs the methods named by --methods (prefill[+decode])");
   const bool budget_given = command->get_option("--budget")->count() > 0;
   if (budget_given) {
-    for (const char* flag : {"--base-budget", "--critiprefill-budget", "--decode-budget"}) {
-      if (command->get_option(flag)->count() > 0) {
-        throw Error(std::string(flag) +
-                    ": --budget already sets every method's budget; give one or the other");
-      }
-    }
+    reject_flags(command, {"--base-budget", "--critiprefill-budget", "--decode-budget"},
+                 "--budget already sets every method's budget; give one or the other");
   }
   const AttentionConfig base = args.attention.resolve();
   std::vector<AttentionConfig> configs = parse_methods_flag(args.methods, base);
@@ -245,13 +237,8 @@ void run_needle(const NeedleArgs& args, CLI::App* command) {
     const bool threshold_given = sparse_threshold_given(command);
     for (size_t m = 0; m < configs.size(); ++m) {
       if (!has_budget(configs[m])) continue;
-      configs[m] = at_budget_level(configs[m], budget, !threshold_given);
-      try {
-        configs[m].validate();
-      } catch (const Error& error) {
-        throw Error("--budget " + std::to_string(budget) + " with '" + args.methods[m] +
-                    "': " + error.what());
-      }
+      configs[m] =
+          checked_budget_level(configs[m], budget, !threshold_given, "--budget", args.methods[m]);
     }
   }
   const std::string model_folder = find_model(args.model);
@@ -275,12 +262,7 @@ void run_needle(const NeedleArgs& args, CLI::App* command) {
         std::to_string(length - eval::ruler_generation_tokens(eval::RulerTask::kNiahSingle)) +
         " tokens left beside the answer's (" + error.what() + ")");
   }
-  std::vector<int32_t> ids;
-  if (const std::optional<int32_t> bos = tokenizer->bos_id()) ids.push_back(*bos);
-  EncodeOptions encode;
-  encode.add_bos = false;
-  encode.parse_special = false;
-  for (int32_t id : tokenizer->encode(sample.prompt, encode)) ids.push_back(id);
+  const std::vector<int32_t> ids = prompt_token_ids(*tokenizer, sample.prompt);
   const NeedlePlace place = locate_needle(sample, *tokenizer);
   const std::string expected = eval::ruler_word_list(sample.answers);
   if (!haystack.note.empty()) std::fprintf(stderr, "note: %s\n", haystack.note.c_str());
