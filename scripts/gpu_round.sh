@@ -8,7 +8,9 @@
 #   GPU_ROUND      what to run: comma-separated subset of
 #                  build,quality,tests,attention,sparse,model,methods,bench,capacity
 #                  (default: all but quality and capacity)
-#   CAPACITY_METHODS (default full,entropy+snapkv), CAPACITY_PREFILL_SECONDS (default 300)
+#   CAPACITY_METHODS (default full,entropy+snapkv), CAPACITY_PREFILL_SECONDS (default 300),
+#                  CAPACITY_TIMEOUT (default 560)
+#   TESTS_FILTER   GoogleTest filter of the GPU tests other than the Hopper kernel's (default *)
 #   EVAL_SECONDS   quality: time for the eval of the shipped model (default 300); EVAL_SAMPLES at most
 #                  (default 20) samples per cell; EVAL_LENGTHS, EVAL_BUDGETS; TEXT_DIR (carry .cache/assets-text)
 #   BENCH_LENGTHS  attention lengths (default 8192,32768,131072)
@@ -110,7 +112,7 @@ if [[ "${steps}" == *",tests,"* && -x "${build}/entropyinfer_gpu_tests" ]]; then
   start=$(date +%s)
   # A kernel that deadlocks must not eat the whole device call; the Hopper kernel's tests run last and
   # alone, so that everything else is measured even if it hangs.
-  timeout -k 10 "${TESTS_TIMEOUT:-300}" "${build}/entropyinfer_gpu_tests" --gtest_filter='-*Wgmma*' \
+  timeout -k 10 "${TESTS_TIMEOUT:-300}" "${build}/entropyinfer_gpu_tests" --gtest_filter="${TESTS_FILTER:-*}-*Wgmma*" \
     --gtest_output="json:${out}/gpu-tests.json" >> "${log}" 2>&1 || step_failed "GPU tests"
   timeout -k 10 120 "${build}/entropyinfer_gpu_tests" --gtest_filter='*WgmmaSimple*' >> "${log}" 2>&1 ||
     step_failed "GPU tests (wgmma without overlap)"

@@ -102,6 +102,7 @@ int run_capacity_bench(int argc, char** argv) {
         "capacity: need --step >= 1024, --max-context >= --step (at most 2^30) and "
         "--decode-tokens >= 1");
   }
+  std::cout << std::unitbuf;  // progress reaches the log even when the time limit cuts the run
   const ModelConfig shape = random_model_config(shape_name);
   nlohmann::json report;
   report["device"] = cuda::device_name();
@@ -115,6 +116,12 @@ int run_capacity_bench(int argc, char** argv) {
     report["gpu_memory_free_bytes_at_start"] = free_bytes;
   }
 
+  // Written after every method, so that a call cut short by its time limit keeps what it measured.
+  auto save = [&] {
+    if (json_path.empty()) return;
+    std::ofstream file(json_path);
+    file << report.dump(2) << "\n";
+  };
   for (const std::string& method : methods) {
     const AttentionConfig attention = with_methods(method, AttentionConfig{});
     cuda::CudaModelOptions options;
@@ -161,6 +168,7 @@ int run_capacity_bench(int argc, char** argv) {
     if (accepted == 0) {
       std::cout << "  not even " << step << " tokens fit\n";
       report["methods"].push_back(entry);
+      save();
       continue;
     }
 
@@ -239,10 +247,7 @@ int run_capacity_bench(int argc, char** argv) {
               << " ms/token, KV cache now " << model.kv_cache_bytes() / (1024.0 * 1024 * 1024)
               << " GiB\n";
     report["methods"].push_back(entry);
-  }
-  if (!json_path.empty()) {
-    std::ofstream file(json_path);
-    file << report.dump(2) << "\n";
+    save();
   }
   return 0;
 }

@@ -168,6 +168,25 @@ __device__ __forceinline__ void fence_fragments(uint32_t (&registers)[kCount][4]
   }
 }
 
+// The producer keeps two tiles' copies in flight: after issuing tile `block` it waits only for the
+// copies of the tile before (cp.async groups complete in order) and hands that one to the
+// consumers. Waiting for each tile before issuing the next left the L2 latency of every tile
+// exposed.
+template <int kHeadDim>
+__device__ __forceinline__ void hand_over_previous_tile(int block) {
+  if (block == 0) return;
+  cp_async_wait<1>();
+  fence_proxy_async();
+  named_barrier_arrive(WgmmaLayout<kHeadDim>::kFullBarrier + (block - 1) % kStages, kThreads);
+}
+template <int kHeadDim>
+__device__ __forceinline__ void hand_over_last_tile(int blocks) {
+  if (blocks == 0) return;
+  cp_async_wait<0>();
+  fence_proxy_async();
+  named_barrier_arrive(WgmmaLayout<kHeadDim>::kFullBarrier + (blocks - 1) % kStages, kThreads);
+}
+
 template <int kHeadDim>
 __device__ __forceinline__ void producer_loop(const FlashParams& p, uint32_t stage_tiles,
                                               int kv_head, int blocks, int max_position) {
@@ -200,10 +219,9 @@ __device__ __forceinline__ void producer_loop(const FlashParams& p, uint32_t sta
       cp_async_16(v_tile + offset, valid ? v_thread + source : p.v, valid ? 16 : 0);
     }
     cp_async_commit();
-    cp_async_wait<0>();
-    fence_proxy_async();
-    named_barrier_arrive(Layout::kFullBarrier + stage, kThreads);
+    hand_over_previous_tile<kHeadDim>(block);
   }
+  hand_over_last_tile<kHeadDim>(blocks);
 }
 
 // The sparse producer: slot s of a tile may come from anywhere before the segment, so each thread
@@ -253,10 +271,9 @@ __device__ __forceinline__ void sparse_producer_loop(const FlashParams& p, uint3
       }
     }
     cp_async_commit();
-    cp_async_wait<0>();
-    fence_proxy_async();
-    named_barrier_arrive(Layout::kFullBarrier + stage, kThreads);
+    hand_over_previous_tile<kHeadDim>(block);
   }
+  hand_over_last_tile<kHeadDim>(blocks);
 }
 
 // Hands registers from the producer warpgroup (which needs few) to the consumers (which hold S, P
