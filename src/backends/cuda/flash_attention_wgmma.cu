@@ -4,8 +4,9 @@
 // wgmma descriptors name: S = Q K^T reads both operands from shared memory (K-major); O += P V
 // takes P from registers (the accumulator layout of S converts to the A-operand layout in place)
 // and V N-major from shared memory. Named barriers hand stages between producer and consumers
-// ("full" and "empty" per stage), so the two warpgroups drift apart and one's softmax overlaps the
-// other's matrix products.
+// ("full" per stage and warpgroup, "empty" per stage). In the pipelined kernel the two warpgroups
+// take turns to issue their products (ping-pong), so that one's softmax overlaps the other's
+// matrix products.
 //
 // The block-sparse variant (kSparse) runs the same pipeline over a tile's virtual key sequence
 // (detail::SparseKeys): the producer looks each slot's cache row up in a small table it fills one
@@ -34,13 +35,18 @@ struct WgmmaLayout {
   static constexpr int kStageBytes = 2 * kTileBytes;  // K tile, then V tile
   static constexpr int kSharedBytes =
       kQBytes + kStages * kStageBytes + 1024;  // + room to align to 1024
-  // Named barrier ids (0 is __syncthreads').
-  static constexpr int kFullBarrier = 1;             // + stage: the producer filled it
-  static constexpr int kEmptyBarrier = 1 + kStages;  // + stage: both warpgroups are done with it
-  static constexpr int kQueryBarrier = 1 + 2 * kStages;  // + warpgroup: its Q rows are in place
+  // Named barrier ids (0 is __syncthreads'; 16 in all).
+  // + 2 * stage + warpgroup: the producer filled the stage. One per warpgroup, so that a
+  // warpgroup waits for the data alone and the two can run half an iteration apart.
+  static constexpr int kFullBarrier = 1;
+  static constexpr int kEmptyBarrier = 1 + 2 * kStages;  // + stage: both warpgroups are done with it
+  static constexpr int kQueryBarrier = 1 + 3 * kStages;  // + warpgroup: its Q rows are in place
   // Sparse only: the producer's table of cache rows, two tiles of kBlockN ints after the stages
   // (231424 bytes in all for head_dim 128, within the 232448 a block may have).
-  static constexpr int kTableBarrier = 3 + 2 * kStages;  // the producer wrote the next table
+  static constexpr int kTableBarrier = 3 + 3 * kStages;  // the producer wrote the next table
+  // + warpgroup: that warpgroup's turn to issue its matrix products (the pipelined kernel).
+  static constexpr int kScheduleBarrier = 4 + 3 * kStages;
+  static_assert(kScheduleBarrier + 1 < 16, "a CTA has 16 named barriers");
   static constexpr int kTableBytes = 2 * kBlockN * 4;
   static constexpr int kSparseSharedBytes = kSharedBytes + kTableBytes;
 };
@@ -168,23 +174,11 @@ __device__ __forceinline__ void fence_fragments(uint32_t (&registers)[kCount][4]
   }
 }
 
-// The producer keeps two tiles' copies in flight: after issuing tile `block` it waits only for the
-// copies of the tile before (cp.async groups complete in order) and hands that one to the
-// consumers. Waiting for each tile before issuing the next left the L2 latency of every tile
-// exposed.
+// Both warpgroups' "full" barriers of a stage: 128 producer threads and one warpgroup each.
 template <int kHeadDim>
-__device__ __forceinline__ void hand_over_previous_tile(int block) {
-  if (block == 0) return;
-  cp_async_wait<1>();
-  fence_proxy_async();
-  named_barrier_arrive(WgmmaLayout<kHeadDim>::kFullBarrier + (block - 1) % kStages, kThreads);
-}
-template <int kHeadDim>
-__device__ __forceinline__ void hand_over_last_tile(int blocks) {
-  if (blocks == 0) return;
-  cp_async_wait<0>();
-  fence_proxy_async();
-  named_barrier_arrive(WgmmaLayout<kHeadDim>::kFullBarrier + (blocks - 1) % kStages, kThreads);
+__device__ __forceinline__ void hand_over_stage(int stage) {
+  named_barrier_arrive(WgmmaLayout<kHeadDim>::kFullBarrier + 2 * stage, kProducerThreads + 128);
+  named_barrier_arrive(WgmmaLayout<kHeadDim>::kFullBarrier + 2 * stage + 1, kProducerThreads + 128);
 }
 
 template <int kHeadDim>
@@ -219,9 +213,10 @@ __device__ __forceinline__ void producer_loop(const FlashParams& p, uint32_t sta
       cp_async_16(v_tile + offset, valid ? v_thread + source : p.v, valid ? 16 : 0);
     }
     cp_async_commit();
-    hand_over_previous_tile<kHeadDim>(block);
+    cp_async_wait<0>();
+    fence_proxy_async();
+    hand_over_stage<kHeadDim>(stage);
   }
-  hand_over_last_tile<kHeadDim>(blocks);
 }
 
 // The sparse producer: slot s of a tile may come from anywhere before the segment, so each thread
@@ -271,9 +266,10 @@ __device__ __forceinline__ void sparse_producer_loop(const FlashParams& p, uint3
       }
     }
     cp_async_commit();
-    hand_over_previous_tile<kHeadDim>(block);
+    cp_async_wait<0>();
+    fence_proxy_async();
+    hand_over_stage<kHeadDim>(stage);
   }
-  hand_over_last_tile<kHeadDim>(blocks);
 }
 
 // Hands registers from the producer warpgroup (which needs few) to the consumers (which hold S, P
@@ -376,7 +372,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const KernelPa
   // S = Q K(block)^T, issued asynchronously once the producer has filled the block's stage.
   auto issue_scores = [&](int block) {
     const uint32_t k_tile = stage_tiles + (block % kStages) * Layout::kStageBytes;
-    named_barrier_sync(Layout::kFullBarrier + block % kStages, kThreads);
+    named_barrier_sync(Layout::kFullBarrier + 2 * (block % kStages) + warpgroup,
+                       kProducerThreads + 128);
     fence_registers(s);
     wgmma_fence();
 #pragma unroll
@@ -471,14 +468,25 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const KernelPa
   };
 
   if constexpr (kPipelined) {
+    // Ping-pong (FlashAttention-3): the warpgroups take turns to issue their products, so that
+    // one's products run on the tensor cores while the other computes its softmax. A turn ends
+    // with the other warpgroup's barrier; warpgroup 0 has the first turn, and warpgroup 1 does not
+    // hand over after its last, which nobody would wait for.
+    auto take_turn = [&] { named_barrier_sync(Layout::kScheduleBarrier + warpgroup, 256); };
+    auto end_turn = [&] { named_barrier_arrive(Layout::kScheduleBarrier + 1 - warpgroup, 256); };
+    if (warpgroup == 1) end_turn();
+    take_turn();
     issue_scores(0);
+    end_turn();
     wgmma_wait<0>();
     fence_registers(s);
     softmax(0);
     rescale_and_pack();
     for (int block = 1; block < blocks; ++block) {
+      take_turn();
       issue_scores(block);
       issue_values(block - 1);
+      end_turn();
       wgmma_wait<1>();  // the scores are in; P V of the previous block may still run
       fence_registers(s);
       softmax(block);
@@ -488,7 +496,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const KernelPa
       release(block - 1);
       rescale_and_pack();
     }
+    take_turn();
     issue_values(blocks - 1);
+    if (warpgroup == 0) end_turn();
     wgmma_wait<0>();
     fence_registers(o);
     fence_fragments(pa);
