@@ -3,8 +3,9 @@
 // --step) for which the engine accepts its memory plan against the free memory AND allocates every
 // buffer (weights, cache, activations) is found by constructing the engine; the next step up must
 // be refused by the engine. Then a prompt runs in that engine, followed by a few decoded tokens:
-// the whole context when its predicted prefill time (from a calibration prompt in the same engine)
-// is within --max-prefill-seconds, else the longest prompt that is, and the report says which.
+// the whole context when its predicted prefill time (from two calibration prompts in the same
+// engine) is within --max-prefill-seconds, else the longest prompt that is, and the report says
+// which.
 //
 // Methods compressing right after the prompt (SnapKV, AdaKV, PyramidKV, StreamingLLM) run with
 // compress_during_prefill, so only one layer's full cache exists at a time. The model's
@@ -181,8 +182,9 @@ int run_capacity_bench(int argc, char** argv) {
     entry["gpu_memory_used_after_allocation_bytes"] = used_gpu_bytes();
     const int64_t full_prompt = accepted - decode_tokens;
 
-    // Calibration in the same engine: two prompts, 4x apart, give the growth exponent of the
-    // prefill time (about 2 for full attention, less for sparse prefill), clamped to [1, 2].
+    // Calibration in the same engine: two prompts, 4x apart, fit t(n) = a n + b n^2 (the
+    // per-token work plus the attention that grows with the prefix; b >= 0). A power law through
+    // the same two points under-predicted long prompts: the quadratic part only dominates later.
     const int64_t calibration = std::min<int64_t>(calibration_tokens, full_prompt / 4);
     if (calibration < 1024) throw Error("capacity: the accepted context is too short to calibrate");
     model.reset();
@@ -195,23 +197,31 @@ int run_capacity_bench(int argc, char** argv) {
       model.forward_greedy(tokens);
       calibration_seconds[i] = seconds_since(start);
     }
-    const double exponent = std::clamp(
-        std::log(calibration_seconds[1] / calibration_seconds[0]) / std::log(4.0), 1.0, 2.0);
-    const double predicted =
-        calibration_seconds[1] *
-        std::pow(static_cast<double>(full_prompt) / static_cast<double>(4 * calibration), exponent);
+    const double c = static_cast<double>(calibration);
+    double quadratic =
+        std::max(0.0, (calibration_seconds[1] - 4 * calibration_seconds[0]) / (12 * c * c));
+    double linear = (calibration_seconds[1] - quadratic * 16 * c * c) / (4 * c);
+    if (linear < 0) {  // all quadratic
+      linear = 0;
+      quadratic = calibration_seconds[1] / (16 * c * c);
+    }
+    auto predict = [&](double n) { return linear * n + quadratic * n * n; };
+    const double predicted = predict(static_cast<double>(full_prompt));
     int64_t prompt = full_prompt;
     if (predicted > max_prefill_seconds) {
-      prompt = static_cast<int64_t>(
-                   static_cast<double>(4 * calibration) *
-                   std::pow(max_prefill_seconds / calibration_seconds[1], 1.0 / exponent)) /
-               1024 * 1024;
+      const double n =
+          quadratic > 0
+              ? (-linear + std::sqrt(linear * linear + 4 * quadratic * max_prefill_seconds)) /
+                    (2 * quadratic)
+              : max_prefill_seconds / linear;
+      prompt = static_cast<int64_t>(n) / 1024 * 1024;
       prompt = std::clamp<int64_t>(prompt, 4 * calibration, full_prompt);
     }
     std::cout << "  calibration: " << calibration << " and " << 4 * calibration << " tokens in "
-              << calibration_seconds[0] << " and " << calibration_seconds[1] << " s (exponent "
-              << exponent << "); the " << full_prompt << "-token prompt predicted at " << predicted
-              << " s; running " << prompt << " tokens\n";
+              << calibration_seconds[0] << " and " << calibration_seconds[1] << " s (t = " << linear
+              << " n + " << quadratic << " n^2); the " << full_prompt
+              << "-token prompt predicted at " << predicted << " s; running " << prompt
+              << " tokens\n";
     model.reset();
     cuda::check(cudaDeviceSynchronize(), "before prefill");
     auto start = std::chrono::steady_clock::now();
@@ -228,7 +238,8 @@ int run_capacity_bench(int argc, char** argv) {
     const cuda::CudaAttentionWork& work = model.attention_work();
     entry["calibration_tokens"] = {calibration, 4 * calibration};
     entry["calibration_seconds"] = {calibration_seconds[0], calibration_seconds[1]};
-    entry["prefill_time_exponent"] = exponent;
+    entry["prefill_time_model"] = {{"linear_seconds_per_token", linear},
+                                   {"quadratic_seconds_per_token2", quadratic}};
     entry["whole_context_prompt_tokens"] = full_prompt;
     entry["predicted_whole_prompt_seconds"] = predicted;
     entry["prompt_tokens_run"] = prompt;

@@ -39,7 +39,8 @@ struct WgmmaLayout {
   // + 2 * stage + warpgroup: the producer filled the stage. One per warpgroup, so that a
   // warpgroup waits for the data alone and the two can run half an iteration apart.
   static constexpr int kFullBarrier = 1;
-  static constexpr int kEmptyBarrier = 1 + 2 * kStages;  // + stage: both warpgroups are done with it
+  static constexpr int kEmptyBarrier =
+      1 + 2 * kStages;  // + stage: both warpgroups are done with it
   static constexpr int kQueryBarrier = 1 + 3 * kStages;  // + warpgroup: its Q rows are in place
   // Sparse only: the producer's table of cache rows, two tiles of kBlockN ints after the stages
   // (231424 bytes in all for head_dim 128, within the 232448 a block may have).
