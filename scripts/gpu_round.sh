@@ -16,7 +16,9 @@
 #   BENCH_LENGTHS  attention lengths (default 8192,32768,131072)
 #   MODEL_PREFILL  whole-model prompt lengths (default 16384,32768,65536,131072)
 #   MODEL_DECODE   whole-model decode contexts (default 32768,131072)
-#   METHOD_LENGTHS prompt lengths of the attention-method comparison (default 32768,65536,131072)
+#   METHOD_LENGTHS prompt lengths of the attention-method comparison (default 32768,65536,130816:
+#                  with NEW_TOKENS=256 the longest fills Llama 3.1's 131072 positions)
+#   SPARSE_LENGTHS lengths of the block-sparse kernel benchmark (default 32768,65536,131072)
 #   METHODS        methods compared (default full,entropy+latent,critiprefill+snapkv)
 #   NEW_TOKENS     tokens generated after each prompt there (default 256)
 #   METHODS_HF     0 skips the transformers reference of the method comparison (default 1)
@@ -27,7 +29,7 @@ set -uo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${OUT:?set OUT to the folder that receives logs and results}"
 steps=",${GPU_ROUND:-build,tests,attention,sparse,model,methods,bench},"
-method_lengths="${METHOD_LENGTHS:-32768,65536,131072}"
+method_lengths="${METHOD_LENGTHS:-32768,65536,130816}"
 methods="${METHODS:-full,entropy+latent,critiprefill+snapkv}"
 new_tokens="${NEW_TOKENS:-256}"
 cli_lengths="${BENCH_LENGTHS_CLI:-16384,32768,65536,131072}"
@@ -171,7 +173,7 @@ fi
 if [[ "${steps}" == *",sparse,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
   section sparse
   # The block-sparse kernel alone at the method's typical work (every head at the base budget).
-  timeout -k 10 300 "${build}/entropyinfer_gpu_bench" sparse-attention --lengths "${method_lengths}" \
+  timeout -k 10 300 "${build}/entropyinfer_gpu_bench" sparse-attention --lengths "${SPARSE_LENGTHS:-32768,65536,131072}" \
     --json "${out}/sparse-attention.json" 2>&1 | tee -a "${log}" || step_failed "sparse attention benchmark"
 fi
 
