@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/dependent_launch.cuh"
 
 namespace entropyinfer::cuda {
 namespace {
@@ -37,26 +38,10 @@ __device__ float block_sum(float value) {
 __device__ inline float load_float(const float* x) { return *x; }
 __device__ inline float load_float(const bf16* x) { return __bfloat162float(*x); }
 
-// Programmatic dependent launch (sm_90): a kernel launched with the programmatic-serialization
-// attribute (the single-token products below) may start while the kernel before it still runs, as
-// soon as that kernel allows it; it must wait for it (griddepcontrol.wait: completion and memory
-// visibility) before reading anything it writes. The decode step's products stream weights that no
-// earlier kernel writes, so they start on them early and hide their ramp-up behind the small
-// kernels before them. Both instructions are no-ops without a programmatic launch.
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wait_for_prerequisite_grids() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 template <typename In>
 __global__ void rms_norm_kernel(const In* x, const float* weight, int64_t size, float eps,
                                 bf16* out, int64_t x_stride, int64_t out_stride) {
+  wait_for_prerequisite_grids();
   allow_dependent_launch();
   const In* row = x + blockIdx.x * x_stride;
   bf16* out_row = out + blockIdx.x * out_stride;
@@ -80,6 +65,8 @@ int norm_threads(int64_t size) {
 // One warp per (token, head).
 __global__ void head_rms_norm_kernel(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim,
                                      int64_t token_stride, const float* weight, float eps) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (warp >= tokens * heads) return;
@@ -105,6 +92,8 @@ __global__ void add_kernel(float* x, const float* y, int64_t count) {
 template <typename T>
 __global__ void add_bias_kernel(T* y, const float* bias, int64_t rows, int64_t width,
                                 int64_t stride) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * width) return;
   T* element = y + (i / width) * stride + i % width;
@@ -117,6 +106,7 @@ __global__ void add_bias_kernel(T* y, const float* bias, int64_t rows, int64_t w
 
 __global__ void swiglu_kernel(const bf16* gate, const bf16* up, int64_t rows, int64_t width,
                               int64_t in_stride, bf16* out) {
+  wait_for_prerequisite_grids();
   allow_dependent_launch();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * width) return;
@@ -130,6 +120,8 @@ __global__ void swiglu_kernel(const bf16* gate, const bf16* up, int64_t rows, in
 __global__ void rope_kernel(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim,
                             int64_t token_stride, const float* cos, const float* sin, int64_t half,
                             bool adjacent_pairs, const int* device_position) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * heads * half) return;
   const int64_t pair = i % half;
@@ -151,6 +143,8 @@ __global__ void append_kv_kernel(const Chunk* keys, const Chunk* values, int64_t
                                  int64_t token_stride, int64_t kv_heads, int64_t head_chunks,
                                  Chunk* key_cache, Chunk* value_cache, int64_t cache_stride,
                                  int64_t first_position, const int* device_position) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * kv_heads * head_chunks) return;
   const int64_t chunk = i % head_chunks;
@@ -165,6 +159,8 @@ __global__ void append_kv_kernel(const Chunk* keys, const Chunk* values, int64_t
 
 __global__ void embedding_kernel(const bf16* table, const int32_t* ids, int64_t tokens,
                                  int64_t hidden, float* out) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * hidden) return;
   out[i] = __bfloat162float(table[static_cast<int64_t>(ids[i / hidden]) * hidden + i % hidden]);
@@ -172,6 +168,8 @@ __global__ void embedding_kernel(const bf16* table, const int32_t* ids, int64_t 
 
 // One block per row; ties go to the smaller index, as std::max_element does.
 __global__ void argmax_kernel(const float* x, int64_t count, int32_t* out) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
   const float* row = x + blockIdx.x * count;
   float best = -FLT_MAX;
   int64_t best_index = count;  // beyond every real index, so any value found wins
@@ -269,7 +267,7 @@ __global__ void gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__
   const int64_t chunks = in / 8;
   float sum = 0.0f;
   int64_t c = lane;
-  // The first weights are requested before waiting for the kernel that writes x (see above).
+  // The first weights are requested before waiting for the kernel that writes x.
   uint4 w_chunk[kInFlight];
   bool full = c + 32 * (kInFlight - 1) < chunks;
   if (full) {
@@ -277,6 +275,7 @@ __global__ void gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__
     for (int u = 0; u < kInFlight; ++u) w_chunk[u] = __ldcs(weights + c + 32 * u);
   }
   wait_for_prerequisite_grids();
+  allow_dependent_launch();
   while (full) {
     uint4 x_chunk[kInFlight];
 #pragma unroll
@@ -307,23 +306,14 @@ bool gemv_fits(const bf16* x, int64_t in, const bf16* w) {
 
 constexpr int kGemvThreads = 256;
 
-// Launches a single-token product with the programmatic-serialization attribute (see
-// allow_dependent_launch).
+// Launches a single-token product as a dependent launch (dependent_launch.cuh): it streams weights
+// that no kernel writes, so it starts on them before the kernel ahead has finished.
 template <typename Out, bool kAccumulate>
 void launch_gemv(const bf16* x, const bf16* w, int64_t in, int64_t out, Out* y,
                  cudaStream_t stream) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>((out + kGemvThreads / 32 - 1) / (kGemvThreads / 32)));
-  config.blockDim = dim3(kGemvThreads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  check(cudaLaunchKernelEx(&config, gemv_kernel<Out, kAccumulate>, x, w, in, out, y),
-        "gemv launch");
+  const dim3 grid(static_cast<unsigned>((out + kGemvThreads / 32 - 1) / (kGemvThreads / 32)));
+  launch_dependent("gemv launch", gemv_kernel<Out, kAccumulate>, grid, dim3(kGemvThreads), 0,
+                   stream, x, w, in, out, y);
 }
 
 constexpr int kThreads = 256;
@@ -443,26 +433,25 @@ void Blas::linear(const bf16* x, int64_t tokens, int64_t in, const bf16* w, int6
 void rms_norm(const float* x, const float* weight, int64_t rows, int64_t size, float eps, bf16* out,
               cudaStream_t stream) {
   if (rows == 0) return;
-  rms_norm_kernel<float><<<static_cast<unsigned>(rows), norm_threads(size), 0, stream>>>(
-      x, weight, size, eps, out, size, size);
-  check_launch("rms_norm");
+  launch_dependent("rms_norm", rms_norm_kernel<float>, dim3(static_cast<unsigned>(rows)),
+                   dim3(norm_threads(size)), 0, stream, x, weight, size, eps, out, size, size);
 }
 
 void rms_norm(const bf16* x, const float* weight, int64_t rows, int64_t size, float eps, bf16* out,
               cudaStream_t stream, int64_t x_stride, int64_t out_stride) {
   if (rows == 0) return;
-  rms_norm_kernel<bf16><<<static_cast<unsigned>(rows), norm_threads(size), 0, stream>>>(
-      x, weight, size, eps, out, x_stride ? x_stride : size, out_stride ? out_stride : size);
-  check_launch("rms_norm");
+  launch_dependent("rms_norm", rms_norm_kernel<bf16>, dim3(static_cast<unsigned>(rows)),
+                   dim3(norm_threads(size)), 0, stream, x, weight, size, eps, out,
+                   x_stride ? x_stride : size, out_stride ? out_stride : size);
 }
 
 void head_rms_norm(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t token_stride,
                    const float* weight, float eps, cudaStream_t stream) {
   const int64_t warps = tokens * heads;
   if (warps == 0) return;
-  head_rms_norm_kernel<<<blocks_for(warps * 32, kThreads), kThreads, 0, stream>>>(
-      x, tokens, heads, head_dim, token_stride, weight, eps);
-  check_launch("head_rms_norm");
+  launch_dependent("head_rms_norm", head_rms_norm_kernel, dim3(blocks_for(warps * 32, kThreads)),
+                   dim3(kThreads), 0, stream, x, tokens, heads, head_dim, token_stride, weight,
+                   eps);
 }
 
 void add_inplace(float* x, const float* y, int64_t count, cudaStream_t stream) {
@@ -474,25 +463,22 @@ void add_inplace(float* x, const float* y, int64_t count, cudaStream_t stream) {
 void add_bias(bf16* y, const float* bias, int64_t rows, int64_t width, int64_t stride,
               cudaStream_t stream) {
   if (rows * width == 0) return;
-  add_bias_kernel<bf16>
-      <<<blocks_for(rows * width, kThreads), kThreads, 0, stream>>>(y, bias, rows, width, stride);
-  check_launch("add_bias");
+  launch_dependent("add_bias", add_bias_kernel<bf16>, dim3(blocks_for(rows * width, kThreads)),
+                   dim3(kThreads), 0, stream, y, bias, rows, width, stride);
 }
 
 void add_bias(float* y, const float* bias, int64_t rows, int64_t width, int64_t stride,
               cudaStream_t stream) {
   if (rows * width == 0) return;
-  add_bias_kernel<float>
-      <<<blocks_for(rows * width, kThreads), kThreads, 0, stream>>>(y, bias, rows, width, stride);
-  check_launch("add_bias");
+  launch_dependent("add_bias", add_bias_kernel<float>, dim3(blocks_for(rows * width, kThreads)),
+                   dim3(kThreads), 0, stream, y, bias, rows, width, stride);
 }
 
 void swiglu(const bf16* gate, const bf16* up, int64_t rows, int64_t width, int64_t in_stride,
             bf16* out, cudaStream_t stream) {
   if (rows * width == 0) return;
-  swiglu_kernel<<<blocks_for(rows * width, kThreads), kThreads, 0, stream>>>(gate, up, rows, width,
-                                                                             in_stride, out);
-  check_launch("swiglu");
+  launch_dependent("swiglu", swiglu_kernel, dim3(blocks_for(rows * width, kThreads)),
+                   dim3(kThreads), 0, stream, gate, up, rows, width, in_stride, out);
 }
 
 void apply_rope(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t token_stride,
@@ -501,9 +487,9 @@ void apply_rope(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_
   const int64_t half = rotary_dim / 2;
   const int64_t pairs = tokens * heads * half;
   if (pairs == 0) return;
-  rope_kernel<<<blocks_for(pairs, kThreads), kThreads, 0, stream>>>(
-      x, tokens, heads, head_dim, token_stride, cos, sin, half, adjacent_pairs, device_position);
-  check_launch("apply_rope");
+  launch_dependent("apply_rope", rope_kernel, dim3(blocks_for(pairs, kThreads)), dim3(kThreads), 0,
+                   stream, x, tokens, heads, head_dim, token_stride, cos, sin, half, adjacent_pairs,
+                   device_position);
 }
 
 void append_kv(const bf16* keys, const bf16* values, int64_t tokens, int64_t token_stride,
@@ -516,32 +502,31 @@ void append_kv(const bf16* keys, const bf16* values, int64_t tokens, int64_t tok
                        reinterpret_cast<uintptr_t>(values) % 16 == 0;
   if (aligned) {
     const int64_t chunks = head_dim / 8;
-    append_kv_kernel<uint4>
-        <<<blocks_for(tokens * kv_heads * chunks, kThreads), kThreads, 0, stream>>>(
-            reinterpret_cast<const uint4*>(keys), reinterpret_cast<const uint4*>(values), tokens,
-            token_stride / 8, kv_heads, chunks, reinterpret_cast<uint4*>(key_cache),
-            reinterpret_cast<uint4*>(value_cache), cache_stride, first_position, device_position);
+    launch_dependent(
+        "append_kv", append_kv_kernel<uint4>,
+        dim3(blocks_for(tokens * kv_heads * chunks, kThreads)), dim3(kThreads), 0, stream,
+        reinterpret_cast<const uint4*>(keys), reinterpret_cast<const uint4*>(values), tokens,
+        token_stride / 8, kv_heads, chunks, reinterpret_cast<uint4*>(key_cache),
+        reinterpret_cast<uint4*>(value_cache), cache_stride, first_position, device_position);
   } else {
-    append_kv_kernel<bf16>
-        <<<blocks_for(tokens * kv_heads * head_dim, kThreads), kThreads, 0, stream>>>(
-            keys, values, tokens, token_stride, kv_heads, head_dim, key_cache, value_cache,
-            cache_stride, first_position, device_position);
+    launch_dependent("append_kv", append_kv_kernel<bf16>,
+                     dim3(blocks_for(tokens * kv_heads * head_dim, kThreads)), dim3(kThreads), 0,
+                     stream, keys, values, tokens, token_stride, kv_heads, head_dim, key_cache,
+                     value_cache, cache_stride, first_position, device_position);
   }
-  check_launch("append_kv");
 }
 
 void embedding(const bf16* table, const int32_t* ids, int64_t tokens, int64_t hidden, float* out,
                cudaStream_t stream) {
   if (tokens == 0) return;
-  embedding_kernel<<<blocks_for(tokens * hidden, kThreads), kThreads, 0, stream>>>(
-      table, ids, tokens, hidden, out);
-  check_launch("embedding");
+  launch_dependent("embedding", embedding_kernel, dim3(blocks_for(tokens * hidden, kThreads)),
+                   dim3(kThreads), 0, stream, table, ids, tokens, hidden, out);
 }
 
 void argmax_rows(const float* x, int64_t rows, int64_t count, int32_t* out, cudaStream_t stream) {
   if (rows == 0) return;
-  argmax_kernel<<<static_cast<unsigned>(rows), 1024, 0, stream>>>(x, count, out);
-  check_launch("argmax_rows");
+  launch_dependent("argmax_rows", argmax_kernel, dim3(static_cast<unsigned>(rows)), dim3(1024), 0,
+                   stream, x, count, out);
 }
 
 void fill_uniform(bf16* x, int64_t count, uint64_t seed, float scale, cudaStream_t stream) {

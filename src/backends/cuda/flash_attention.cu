@@ -45,6 +45,8 @@ __device__ __forceinline__ uint32_t swizzled(uint32_t tile, int row, int chunk) 
 template <int kHeadDim, int kWarps, int kMmaBlockN, int kStages, bool kSparse = false>
 __global__ void __launch_bounds__(32 * kWarps)
     flash_mma_kernel(const detail::KernelParams<kSparse> p) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
   using Tile = MmaTile<kHeadDim, kWarps, kMmaBlockN, kStages>;
   constexpr int kBlockM = Tile::kBlockM, kChunks = Tile::kChunks, kThreads = Tile::kThreads;
   constexpr int kTilesN = kMmaBlockN / 8;                           // 8-key column tiles of S
@@ -310,7 +312,8 @@ __global__ void __launch_bounds__(32 * kWarps)
 // One block per (token, query head), one thread per output element:
 // out = sum_s 2^(lse_s - max) * O_s / sum_s 2^(lse_s - max).
 __global__ void merge_splits_kernel(const FlashParams p, int head_dim) {
-  detail::allow_dependent_launch();
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
   extern __shared__ float weights[];  // [splits]
   __shared__ float total;
   const int64_t row = blockIdx.x;
@@ -382,9 +385,9 @@ void launch_mma(const detail::KernelParams<kSparse>& params, cudaStream_t stream
   const dim3 grid = kSparse
                         ? dim3(static_cast<unsigned>(row_blocks * params.kv_heads))
                         : dim3(static_cast<unsigned>(row_blocks), params.kv_heads, params.splits);
-  flash_mma_kernel<kHeadDim, kWarps, kBlockN, kStages, kSparse>
-      <<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(params);
-  check_launch(kSparse ? "flash_mma_kernel (block-sparse)" : "flash_mma_kernel");
+  launch_dependent(kSparse ? "flash_mma_kernel (block-sparse)" : "flash_mma_kernel",
+                   flash_mma_kernel<kHeadDim, kWarps, kBlockN, kStages, kSparse>, grid,
+                   dim3(Tile::kThreads), Tile::kSharedBytes, stream, params);
 }
 
 FlashParams make_params(const bf16* q, const bf16* key_cache, const bf16* value_cache,
@@ -597,10 +600,9 @@ void flash_decode(const bf16* q, const bf16* key_cache, const bf16* value_cache,
   }
   if (splits > 1) {
     const int64_t rows = shape.tokens * shape.q_heads;
-    merge_splits_kernel<<<static_cast<unsigned>(rows), static_cast<unsigned>(shape.head_dim),
-                          sizeof(float) * splits, stream>>>(params,
-                                                            static_cast<int>(shape.head_dim));
-    check_launch("merge_splits_kernel");
+    launch_dependent("merge_splits_kernel", merge_splits_kernel, dim3(static_cast<unsigned>(rows)),
+                     dim3(static_cast<unsigned>(shape.head_dim)), sizeof(float) * splits, stream,
+                     params, static_cast<int>(shape.head_dim));
   }
 }
 

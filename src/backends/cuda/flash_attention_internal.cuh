@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "backends/cuda/cuda_common.h"
+#include "backends/cuda/dependent_launch.cuh"
 
 namespace entropyinfer::cuda::detail {
 
@@ -60,15 +61,6 @@ bool wgmma_kernel_compiled();
 
 // ------------------------------------------------------------------------------------------------
 // Device helpers
-
-// Lets a kernel launched after this one with programmatic serialization (the single-token
-// products, cuda_ops.cu) start now; that kernel still waits for this one to finish before it reads
-// what this one writes. A no-op when no such kernel follows.
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 __device__ __forceinline__ uint32_t shared_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));

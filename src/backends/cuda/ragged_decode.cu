@@ -53,6 +53,8 @@ __device__ __forceinline__ int query_head_of(const RaggedParams& p, int cache, i
 
 template <int kHeadDim>
 __global__ void __launch_bounds__(32) ragged_decode_kernel(const RaggedParams p) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
   using Tile = RaggedTile<kHeadDim>;
   constexpr int kChunks = Tile::kChunks;
   constexpr int kTilesN = kBlockN / 8;   // 8-key column tiles of S
@@ -246,7 +248,8 @@ __global__ void __launch_bounds__(32) ragged_decode_kernel(const RaggedParams p)
 // - max), zeros when every split was empty (an empty cache).
 __global__ void ragged_merge_kernel(const float* partial_out, const float* partial_lse, int splits,
                                     int q_heads, int head_dim, bf16* out) {
-  detail::allow_dependent_launch();
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
   extern __shared__ float weights[];  // [splits]
   __shared__ float total;
   const int head = blockIdx.x;
@@ -287,6 +290,8 @@ __global__ void ragged_merge_kernel(const float* partial_out, const float* parti
 __global__ void ragged_append_kernel(const bf16* k, const bf16* v, int head_dim,
                                      int64_t cache_stride, int group, bool per_query_head,
                                      bf16* key_cache, bf16* value_cache, int32_t* lengths) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
   const int cache = blockIdx.x;
   const int kv_head = per_query_head ? cache / group : cache;
   const int row = lengths[cache];
@@ -355,8 +360,8 @@ void launch_decode(const RaggedParams& params, int64_t caches, int64_t blocks_x,
                    cudaStream_t stream) {
   configure_kernel<kHeadDim>();
   const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(caches), params.splits);
-  ragged_decode_kernel<kHeadDim><<<grid, 32, RaggedTile<kHeadDim>::kSharedBytes, stream>>>(params);
-  check_launch("ragged_decode_kernel");
+  launch_dependent("ragged_decode_kernel", ragged_decode_kernel<kHeadDim>, grid, dim3(32),
+                   RaggedTile<kHeadDim>::kSharedBytes, stream, params);
 }
 
 }  // namespace
@@ -373,11 +378,11 @@ void ragged_append(const bf16* k, const bf16* v, const RaggedShape& shape, bf16*
     throw Error("ragged append: null pointer");
   }
   const int64_t caches = ragged_cache_count(shape);
-  ragged_append_kernel<<<static_cast<unsigned>(caches), 128, 0, stream>>>(
-      k, v, static_cast<int>(shape.head_dim), shape.cache_stride,
-      static_cast<int>(shape.q_heads / shape.kv_heads), shape.per_query_head, key_cache,
-      value_cache, lengths);
-  check_launch("ragged_append_kernel");
+  launch_dependent("ragged_append_kernel", ragged_append_kernel,
+                   dim3(static_cast<unsigned>(caches)), dim3(128), 0, stream, k, v,
+                   static_cast<int>(shape.head_dim), shape.cache_stride,
+                   static_cast<int>(shape.q_heads / shape.kv_heads), shape.per_query_head,
+                   key_cache, value_cache, lengths);
 }
 
 int ragged_decode_splits(const RaggedShape& shape, int requested) {
@@ -448,11 +453,11 @@ void ragged_decode(const bf16* q, const bf16* key_cache, const bf16* value_cache
     launch_decode<64>(params, caches, row_blocks(shape), stream);
   }
   if (splits > 1) {
-    ragged_merge_kernel<<<static_cast<unsigned>(shape.q_heads),
-                          static_cast<unsigned>(shape.head_dim), sizeof(float) * splits, stream>>>(
-        params.partial_out, params.partial_lse, splits, params.q_heads,
-        static_cast<int>(shape.head_dim), out);
-    check_launch("ragged_merge_kernel");
+    launch_dependent("ragged_merge_kernel", ragged_merge_kernel,
+                     dim3(static_cast<unsigned>(shape.q_heads)),
+                     dim3(static_cast<unsigned>(shape.head_dim)), sizeof(float) * splits, stream,
+                     params.partial_out, params.partial_lse, splits, params.q_heads,
+                     static_cast<int>(shape.head_dim), out);
   }
 }
 
