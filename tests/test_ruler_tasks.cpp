@@ -273,6 +273,19 @@ TEST(RulerTasks, AnswersAreInThePromptAndPromptsFit) {
       const bool plural = prompt.ends_with("They are");
       EXPECT_TRUE(plural || prompt.ends_with("It is")) << prompt.substr(prompt.size() - 80);
       ASSERT_FALSE(sample.answers.empty());
+      // The sample names its question (the last line) and the needle lines of its haystack.
+      EXPECT_EQ(sample.question, prompt.substr(prompt.rfind('\n') + 1));
+      const bool list_task = task == RulerTask::kCommonWords || task == RulerTask::kFrequentWords;
+      const size_t expected_needles = list_task                              ? 0
+                                      : task == RulerTask::kNiahSingle       ? 1
+                                      : task == RulerTask::kVariableTracking ? 5
+                                                                             : 4;
+      EXPECT_EQ(sample.needles.size(), expected_needles);
+      for (const std::string& needle : sample.needles) {
+        EXPECT_TRUE(prompt.starts_with(needle + "\n") ||
+                    prompt.find("\n" + needle + "\n") != std::string::npos)
+            << needle;
+      }
       switch (task) {
         case RulerTask::kNiahSingle:
         case RulerTask::kNiahMultikey:

@@ -129,6 +129,8 @@ std::string needle_text(const std::string& key, const std::string& value) {
 struct Rendered {
   std::string prompt;
   std::vector<std::string> answers;
+  std::vector<std::string> needles;  // the needle lines in the prompt
+  std::string question;              // the prompt's last line
 };
 
 // Section 4: the largest k (to within tol tokens) whose prompt fits `target`, by the project's
@@ -181,10 +183,17 @@ Rendered fit_haystack(const std::vector<std::string>& lines, size_t start,
   const std::vector<std::string>& source = noise ? noise_lines : lines;
   const size_t source_start = noise ? 0 : start;
   auto render = [&](int64_t k) {
-    return Rendered{haystack_body(source, source_start, k, needles) + "\n" + question, answers};
+    Rendered rendered;
+    rendered.prompt = haystack_body(source, source_start, k, needles) + "\n" + question;
+    rendered.answers = answers;
+    return rendered;
   };
   const int64_t k_max = noise ? kNoiseMaxLines : static_cast<int64_t>(lines.size());
-  return fit(render, tokenizer, target, 0, k_max, std::max<int64_t>(1, target / 16), what);
+  Rendered rendered =
+      fit(render, tokenizer, target, 0, k_max, std::max<int64_t>(1, target / 16), what);
+  for (const Needle& needle : needles) rendered.needles.push_back(needle.text);
+  rendered.question = question;
+  return rendered;
 }
 
 std::string list_body(const std::vector<const std::string*>& items) {
@@ -534,6 +543,7 @@ RulerSample make_ruler_sample(RulerTask task, int length, int index, uint64_t ba
         Rendered list = common ? cwe_list(sources.list_words, list_seed, total)
                                : fwe_list(sources.list_words, list_seed, total);
         list.prompt += "\n" + question;
+        list.question = question;
         return list;
       };
       const int64_t k_min = common ? 10 * kCommonWordCount * 3 : 64;
@@ -543,6 +553,8 @@ RulerSample make_ruler_sample(RulerTask task, int length, int index, uint64_t ba
   }
   sample.prompt = std::move(rendered.prompt);
   sample.answers = std::move(rendered.answers);
+  sample.needles = std::move(rendered.needles);
+  sample.question = std::move(rendered.question);
   sample.prompt_tokens =
       1 + static_cast<int>(tokenizer.encode(sample.prompt, EncodeOptions{}).size());
   return sample;

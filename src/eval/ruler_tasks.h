@@ -71,6 +71,10 @@ struct RulerSample {
   int prompt_tokens = 0;  // 1 (BOS) + tokens of the prompt without special tokens
   std::vector<std::string> answers;  // expected words, in the expected order
   int max_new_tokens = 0;            // ruler_generation_tokens(task)
+  // The needle lines hidden in the haystack, in the order they were drawn (empty for the list
+  // tasks), and the question: the prompt's last line.
+  std::vector<std::string> needles;
+  std::string question;
 };
 
 // Seed of evaluation sample `index` (section 2): base_seed ^ fnv1a64("task/length/index").

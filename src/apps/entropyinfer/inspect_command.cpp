@@ -1,6 +1,7 @@
 // `entropyinfer inspect`: run a prefill with a sparse method and write what it decided, per layer,
 // KV head and segment: the entropy of the block estimate, the rigid/dynamic class, the budget and
 // the blocks read, as JSON, plus heatmaps of entropy and budget (SVG).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -96,7 +97,9 @@ void run_inspect(const InspectArgs& args) {
         const size_t cell = (layer * config.num_kv_heads + head) * entropy_map.columns + segment;
         if (!plan.entropy.empty()) {
           entry["entropy"] = plan.entropy[row];
-          entropy_map.values[cell] = plan.entropy[row];
+          // The spec's +1e-9 inside the log makes a one-block distribution's entropy -1e-9; the
+          // map shows it as the 0 it stands for (the JSON keeps the computed value).
+          entropy_map.values[cell] = std::max(0.0, static_cast<double>(plan.entropy[row]));
         }
         if (!plan.budget_tokens.empty()) {
           entry["budget_tokens"] = plan.budget_tokens[row];

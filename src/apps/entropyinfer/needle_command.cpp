@@ -124,21 +124,17 @@ struct NeedlePlace {
 
 NeedlePlace locate_needle(const eval::RulerSample& sample, const Tokenizer& tokenizer) {
   const std::string& prompt = sample.prompt;
-  NeedlePlace place;
-  const size_t question_at = prompt.rfind('\n') + 1;
-  place.question = prompt.substr(question_at);
-  const std::string opening = "What is the secret of ";
-  const std::string closing = "? It is";
-  if (!place.question.starts_with(opening) || !place.question.ends_with(closing)) {
-    throw Error("unexpected niah_single question '" + place.question + "'");
+  if (sample.needles.size() != 1 || !prompt.ends_with(sample.question)) {
+    throw Error("needle expects a niah_single sample: one needle, the question last");
   }
-  const std::string key = place.question.substr(
-      opening.size(), place.question.size() - opening.size() - closing.size());
-  const std::string needle = "The secret of " + key + " is ";
-  size_t at = prompt.starts_with(needle) ? 0 : prompt.find("\n" + needle);
-  if (at == std::string::npos) throw Error("the needle about '" + key + "' is not in the prompt");
+  NeedlePlace place;
+  place.sentence = sample.needles[0];
+  place.question = sample.question;
+  const size_t question_at = prompt.size() - sample.question.size();
+  size_t at = prompt.starts_with(place.sentence) ? 0 : prompt.find("\n" + place.sentence);
+  if (at == std::string::npos)
+    throw Error("the needle '" + place.sentence + "' is not in the prompt");
   if (at > 0) ++at;  // past the newline
-  place.sentence = prompt.substr(at, prompt.find('\n', at) - at);
   auto tokens = [&](const std::string& text) {
     return 1 + static_cast<int>(tokenizer.encode(text, EncodeOptions{}).size());
   };
