@@ -6,8 +6,8 @@
 # table last.
 #   OUT            output folder (the device run sets it)
 #   GPU_ROUND      what to run: comma-separated subset of
-#                  build,quality,tests,attention,sparse,model,methods,bench,capacity
-#                  (default: all but quality and capacity)
+#                  build,quality,tests,attention,sparse,model,methods,bench,gemm,capacity
+#                  (default: all but quality, gemm and capacity)
 #   CAPACITY_METHODS (default full,entropy+snapkv), CAPACITY_PREFILL_SECONDS (default 300),
 #                  CAPACITY_TIMEOUT (default 560)
 #   TESTS_FILTER   GoogleTest filter of the GPU tests other than the Hopper kernel's (default *)
@@ -175,6 +175,15 @@ if [[ "${steps}" == *",sparse,"* && -x "${build}/entropyinfer_gpu_bench" ]]; the
   # The block-sparse kernel alone at the method's typical work (every head at the base budget).
   timeout -k 10 300 "${build}/entropyinfer_gpu_bench" sparse-attention --lengths "${SPARSE_LENGTHS:-32768,65536,131072}" \
     --json "${out}/sparse-attention.json" 2>&1 | tee -a "${log}" || step_failed "sparse attention benchmark"
+fi
+
+if [[ "${steps}" == *",gemm,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
+  # The model's linear products through the engine's Blas, then torch on the same shapes.
+  section gemm
+  timeout -k 10 120 "${build}/entropyinfer_gpu_bench" gemm --json "${out}/gemm-ours.json" 2>&1 |
+    tee -a "${log}" || step_failed "GEMM benchmark"
+  timeout -k 10 120 python3 "${repo_root}/bench/gpu/matmul_reference.py" --json "${out}/gemm-torch.json" 2>&1 |
+    tee -a "${log}" || step_failed "torch matmul reference"
 fi
 
 if [[ "${steps}" == *",capacity,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then

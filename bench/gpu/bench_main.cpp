@@ -4,6 +4,7 @@
 //   sparse-attention  block-sparse prefill on EntropyInfer's typical plan against dense prefill
 //   capacity   the longest prompt one GPU holds per attention method, found by constructing the
 //   engine
+//   gemm       the model's four linear products at the prefill chunk size (and one token)
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -13,6 +14,7 @@
 namespace entropyinfer::bench {
 int run_sparse_attention_bench(int argc, char** argv);  // bench_sparse_attention.cpp
 int run_capacity_bench(int argc, char** argv);          // bench_capacity.cpp
+int run_gemm_bench(int argc, char** argv);              // bench_gemm.cpp
 }  // namespace entropyinfer::bench
 
 int main(int argc, char** argv) {
@@ -32,7 +34,10 @@ int main(int argc, char** argv) {
            "       entropyinfer_gpu_bench capacity [--shape llama-3.1-8b] [--methods "
            "full,entropy+snapkv]\n"
            "         [--step 65536] [--max-context 8388608] [--decode-tokens 8] [--chunk 16384]\n"
-           "         [--calibration-tokens 32768] [--max-prefill-seconds 400] [--json PATH]\n";
+           "         [--calibration-tokens 32768] [--max-prefill-seconds 400] [--json PATH]\n"
+           "       entropyinfer_gpu_bench gemm [--shape llama-3.1-8b] [--tokens 16384,1] [--prompt "
+           "131072]\n"
+           "         [--json PATH]\n";
     return argc < 2 ? 2 : 0;
   }
   try {
@@ -49,6 +54,8 @@ int main(int argc, char** argv) {
       return entropyinfer::bench::run_sparse_attention_bench(argc - 2, argv + 2);
     if (std::strcmp(argv[1], "capacity") == 0)
       return entropyinfer::bench::run_capacity_bench(argc - 2, argv + 2);
+    if (std::strcmp(argv[1], "gemm") == 0)
+      return entropyinfer::bench::run_gemm_bench(argc - 2, argv + 2);
     std::cerr << "error: unknown benchmark '" << argv[1] << "'\n";
     return 2;
   } catch (const std::exception& error) {

@@ -1,0 +1,122 @@
+// The model's four linear products at the prefill chunk size, through the engine's Blas (cuBLASLt,
+// or the in-house GEMV for one token): TFLOP/s per product and the seconds they add up to over a
+// whole prompt. With random weights about 3.1 s of a 128k-token Llama-3.1-8B prefill is spent
+// outside attention in both full and sparse prefill; this says how much of that the products are,
+// and, next to bench/gpu/matmul_reference.py (torch on the same shapes, same call), whether the
+// engine's algorithm choice leaves speed behind.
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "model/random_model.h"
+
+namespace entropyinfer::bench {
+
+int run_gemm_bench(int argc, char** argv) {
+  std::string shape_name = "llama-3.1-8b", json_path;
+  std::vector<int64_t> token_counts = {16384, 1};
+  int64_t prompt_tokens = 131072;
+  for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {
+    if (flag == "--shape") {
+      shape_name = value;
+    } else if (flag == "--tokens") {
+      token_counts = parse_list(value);
+    } else if (flag == "--prompt") {
+      prompt_tokens = std::stoll(value);
+    } else if (flag == "--json") {
+      json_path = value;
+    } else {
+      return false;
+    }
+    return true;
+  });
+  for (const int64_t tokens : token_counts) {
+    if (tokens < 1) throw std::invalid_argument("gemm: --tokens must be positive");
+  }
+  const ModelConfig config = random_model_config(shape_name);
+  const int64_t hidden = config.hidden_size;
+  const int64_t q_width = int64_t{config.num_heads} * config.head_dim;
+  const int64_t kv_width = int64_t{config.num_kv_heads} * config.head_dim;
+  struct Product {
+    const char* name;
+    int64_t in, out;
+    bool accumulate;  // fp32 output added to the residual stream, as the engine runs it
+  };
+  const std::vector<Product> products = {
+      {"qkv", hidden, q_width + 2 * kv_width, false},
+      {"o", q_width, hidden, true},
+      {"gate_up", hidden, 2 * int64_t{config.intermediate_size}, false},
+      {"down", int64_t{config.intermediate_size}, hidden, true},
+  };
+
+  cudaStream_t stream = nullptr;
+  cuda::check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  cuda::Blas blas(stream);
+  nlohmann::json report;
+  report["device"] = cuda::device_name();
+  report["shape"] = shape_name;
+  report["prompt_tokens"] = prompt_tokens;
+  report["flops_formula"] = "2 * tokens * in * out";
+  for (const int64_t tokens : token_counts) {
+    double prompt_seconds = 0;  // the four products of every layer over the whole prompt
+    for (const Product& product : products) {
+      cuda::DeviceBuffer<cuda::bf16> x(static_cast<size_t>(tokens * product.in));
+      cuda::DeviceBuffer<cuda::bf16> w(static_cast<size_t>(product.in * product.out));
+      cuda::fill_uniform(x.data(), tokens * product.in, 1, 1.0f, stream);
+      cuda::fill_uniform(w.data(), product.in * product.out, 2, 0.02f, stream);
+      cuda::DeviceBuffer<float> y_float;
+      cuda::DeviceBuffer<cuda::bf16> y_bf16;
+      if (product.accumulate) {
+        y_float.allocate(static_cast<size_t>(tokens * product.out));
+        cuda::check(
+            cudaMemsetAsync(y_float.data(), 0, sizeof(float) * tokens * product.out, stream),
+            "cudaMemsetAsync");
+      } else {
+        y_bf16.allocate(static_cast<size_t>(tokens * product.out));
+      }
+      const Timing timing = time_runs(
+          [&] {
+            if (product.accumulate) {
+              blas.linear(x.data(), tokens, product.in, w.data(), product.out, y_float.data(),
+                          true);
+            } else {
+              blas.linear(x.data(), tokens, product.in, w.data(), product.out, y_bf16.data());
+            }
+          },
+          stream);
+      const double flops = 2.0 * static_cast<double>(tokens) * product.in * product.out;
+      const double tflops = flops / (timing.median_ms * 1e-3) / 1e12;
+      const double weight_gbps = 2.0 * product.in * product.out / (timing.median_ms * 1e-3) / 1e9;
+      prompt_seconds += timing.median_ms * 1e-3 * config.num_layers *
+                        (static_cast<double>(prompt_tokens) / static_cast<double>(tokens));
+      std::cout << "tokens " << tokens << ", " << product.name << " (" << product.in << " -> "
+                << product.out << (product.accumulate ? ", fp32 accumulate" : ", bf16")
+                << "): " << timing.median_ms << " ms, " << tflops << " TFLOP/s, " << weight_gbps
+                << " GB/s of weights (" << timing.runs << " runs)\n";
+      report["results"].push_back({{"tokens", tokens},
+                                   {"product", product.name},
+                                   {"in", product.in},
+                                   {"out", product.out},
+                                   {"fp32_accumulate", product.accumulate},
+                                   {"median_ms", timing.median_ms},
+                                   {"min_ms", timing.min_ms},
+                                   {"runs", timing.runs},
+                                   {"tflops", tflops},
+                                   {"weight_gbps", weight_gbps}});
+    }
+    std::cout << "tokens " << tokens << ": the four products of " << config.num_layers
+              << " layers over a " << prompt_tokens << "-token prompt take " << prompt_seconds
+              << " s at these rates\n";
+    report["prompt_seconds"].push_back({{"tokens", tokens}, {"seconds", prompt_seconds}});
+  }
+  cudaStreamDestroy(stream);
+  if (!json_path.empty()) {
+    std::ofstream file(json_path);
+    file << report.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace entropyinfer::bench
