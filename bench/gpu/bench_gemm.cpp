@@ -3,7 +3,9 @@
 // whole prompt. With random weights about 3.1 s of a 128k-token Llama-3.1-8B prefill is spent
 // outside attention in both full and sparse prefill; this says how much of that the products are,
 // and, next to bench/gpu/matmul_reference.py (torch on the same shapes, same call), whether the
-// engine's algorithm choice leaves speed behind.
+// engine's algorithm choice leaves speed behind. For one token (decoding) each product runs through
+// the in-house GEMV and through cuBLASLt, with the weight bytes per second next to the copy
+// bandwidth measured in the same run.
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -59,6 +61,9 @@ int run_gemm_bench(int argc, char** argv) {
   report["shape"] = shape_name;
   report["prompt_tokens"] = prompt_tokens;
   report["flops_formula"] = "2 * tokens * in * out";
+  const double copy_gbps = cuda::measure_copy_bandwidth().median_bytes_per_second / 1e9;
+  report["copy_bandwidth_gbps"] = copy_gbps;
+  std::cout << "copy bandwidth " << copy_gbps << " GB/s (read + write)\n";
   for (const int64_t tokens : token_counts) {
     double prompt_seconds = 0;  // the four products of every layer over the whole prompt
     for (const Product& product : products) {
@@ -76,35 +81,47 @@ int run_gemm_bench(int argc, char** argv) {
       } else {
         y_bf16.allocate(static_cast<size_t>(tokens * product.out));
       }
-      const Timing timing = time_runs(
-          [&] {
-            if (product.accumulate) {
-              blas.linear(x.data(), tokens, product.in, w.data(), product.out, y_float.data(),
-                          true);
-            } else {
-              blas.linear(x.data(), tokens, product.in, w.data(), product.out, y_bf16.data());
-            }
-          },
-          stream);
-      const double flops = 2.0 * static_cast<double>(tokens) * product.in * product.out;
-      const double tflops = flops / (timing.median_ms * 1e-3) / 1e12;
-      const double weight_gbps = 2.0 * product.in * product.out / (timing.median_ms * 1e-3) / 1e9;
-      prompt_seconds += timing.median_ms * 1e-3 * config.num_layers *
-                        (static_cast<double>(prompt_tokens) / static_cast<double>(tokens));
-      std::cout << "tokens " << tokens << ", " << product.name << " (" << product.in << " -> "
-                << product.out << (product.accumulate ? ", fp32 accumulate" : ", bf16")
-                << "): " << timing.median_ms << " ms, " << tflops << " TFLOP/s, " << weight_gbps
-                << " GB/s of weights (" << timing.runs << " runs)\n";
-      report["results"].push_back({{"tokens", tokens},
-                                   {"product", product.name},
-                                   {"in", product.in},
-                                   {"out", product.out},
-                                   {"fp32_accumulate", product.accumulate},
-                                   {"median_ms", timing.median_ms},
-                                   {"min_ms", timing.min_ms},
-                                   {"runs", timing.runs},
-                                   {"tflops", tflops},
-                                   {"weight_gbps", weight_gbps}});
+      // One token: the in-house GEMV (what decoding runs), then cuBLASLt for comparison.
+      for (const bool gemv :
+           tokens == 1 ? std::vector<bool>{true, false} : std::vector<bool>{true}) {
+        blas.set_gemv(gemv);
+        const char* kernel = tokens == 1 && gemv ? "gemv" : "cublaslt";
+        const Timing timing = time_runs(
+            [&] {
+              if (product.accumulate) {
+                blas.linear(x.data(), tokens, product.in, w.data(), product.out, y_float.data(),
+                            true);
+              } else {
+                blas.linear(x.data(), tokens, product.in, w.data(), product.out, y_bf16.data());
+              }
+            },
+            stream);
+        const double flops = 2.0 * static_cast<double>(tokens) * product.in * product.out;
+        const double tflops = flops / (timing.median_ms * 1e-3) / 1e12;
+        const double weight_gbps = 2.0 * product.in * product.out / (timing.median_ms * 1e-3) / 1e9;
+        if (gemv) {
+          prompt_seconds += timing.median_ms * 1e-3 * config.num_layers *
+                            (static_cast<double>(prompt_tokens) / static_cast<double>(tokens));
+        }
+        std::cout << "tokens " << tokens << ", " << product.name << " (" << product.in << " -> "
+                  << product.out << (product.accumulate ? ", fp32 accumulate" : ", bf16") << ", "
+                  << kernel << "): " << timing.median_ms << " ms, " << tflops << " TFLOP/s, "
+                  << weight_gbps << " GB/s of weights, " << weight_gbps / copy_gbps
+                  << " of the copy bandwidth (" << timing.runs << " runs)\n";
+        report["results"].push_back({{"tokens", tokens},
+                                     {"product", product.name},
+                                     {"kernel", kernel},
+                                     {"in", product.in},
+                                     {"out", product.out},
+                                     {"fp32_accumulate", product.accumulate},
+                                     {"median_ms", timing.median_ms},
+                                     {"min_ms", timing.min_ms},
+                                     {"runs", timing.runs},
+                                     {"tflops", tflops},
+                                     {"weight_gbps", weight_gbps},
+                                     {"weight_share_of_copy_bandwidth", weight_gbps / copy_gbps}});
+      }
+      blas.set_gemv(true);
     }
     std::cout << "tokens " << tokens << ": the four products of " << config.num_layers
               << " layers over a " << prompt_tokens << "-token prompt take " << prompt_seconds
