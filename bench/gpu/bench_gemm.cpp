@@ -5,7 +5,7 @@
 // and, next to bench/gpu/matmul_reference.py (torch on the same shapes, same call), whether the
 // engine's algorithm choice leaves speed behind. For one token (decoding) each product runs through
 // the in-house GEMV and through cuBLASLt, with the weight bytes per second next to the copy
-// bandwidth measured in the same run.
+// bandwidth measured in the same run, and the GEMV kernel's configurations are swept.
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -122,6 +122,34 @@ int run_gemm_bench(int argc, char** argv) {
                                      {"weight_share_of_copy_bandwidth", weight_gbps / copy_gbps}});
       }
       blas.set_gemv(true);
+      if (tokens == 1) {
+        // The GEMV's configurations (loads in flight per lane, threads per block), fp32 output.
+        cuda::DeviceBuffer<float> y(static_cast<size_t>(product.out));
+        cuda::check(cudaMemsetAsync(y.data(), 0, sizeof(float) * product.out, stream),
+                    "cudaMemsetAsync");
+        for (const int in_flight : {4, 8, 16}) {
+          for (const int threads : {128, 256, 512}) {
+            const Timing timing = time_runs(
+                [&] {
+                  cuda::gemv_with_config(x.data(), w.data(), product.in, product.out, y.data(),
+                                         product.accumulate, in_flight, threads, stream);
+                },
+                stream);
+            const double weight_gbps =
+                2.0 * product.in * product.out / (timing.median_ms * 1e-3) / 1e9;
+            std::cout << "  gemv " << product.name << ", " << in_flight << " in flight, " << threads
+                      << " threads: " << timing.median_ms << " ms, " << weight_gbps / copy_gbps
+                      << " of the copy bandwidth\n";
+            report["gemv_configurations"].push_back(
+                {{"product", product.name},
+                 {"in_flight", in_flight},
+                 {"threads", threads},
+                 {"median_ms", timing.median_ms},
+                 {"weight_gbps", weight_gbps},
+                 {"weight_share_of_copy_bandwidth", weight_gbps / copy_gbps}});
+          }
+        }
+      }
     }
     std::cout << "tokens " << tokens << ": the four products of " << config.num_layers
               << " layers over a " << prompt_tokens << "-token prompt take " << prompt_seconds

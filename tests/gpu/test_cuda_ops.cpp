@@ -113,6 +113,44 @@ TEST(CudaOps, SingleTokenProductsMatchCpuOnBothPaths) {
   }
 }
 
+// The GEMV configurations the tuning benchmark sweeps (bench/gpu/bench_gemm.cpp) give the same
+// products as the CPU, with and without accumulation; anything else is refused.
+TEST(CudaOps, GemvConfigurationsMatchCpu) {
+  ENTROPYINFER_REQUIRE_GPU();
+  for (auto [in, out] : {std::pair{4096, 1000}, {14336, 4097}, {104, 33}}) {
+    const auto x = random_bf16_values(in, 31);
+    const auto w = random_bf16_values(static_cast<size_t>(out) * in, 32, 1.0f / std::sqrt(in));
+    const auto initial = gpu_test::random_floats(out, 33);
+    std::vector<float> product(out);
+    cpu::linear(x.data(), 1, in, w.data(), nullptr, out, product.data());
+    std::vector<float> accumulated = initial;
+    for (int o = 0; o < out; ++o) accumulated[o] += product[o];
+    auto x_gpu = upload_bf16(x), w_gpu = upload_bf16(w);
+    for (int in_flight : {4, 8, 16}) {
+      for (int threads : {128, 256, 512}) {
+        auto y = upload_floats(initial);
+        cuda::gemv_with_config(x_gpu.data(), w_gpu.data(), in, out, y.data(), true, in_flight,
+                               threads);
+        EXPECT_LE(worst_excess(download_floats(y), accumulated, 1e-5), 1e-4)
+            << in << "x" << out << ", " << in_flight << " in flight, " << threads << " threads";
+        cuda::gemv_with_config(x_gpu.data(), w_gpu.data(), in, out, y.data(), false, in_flight,
+                               threads);
+        EXPECT_LE(worst_excess(download_floats(y), product, 1e-5), 1e-4)
+            << in << "x" << out << ", " << in_flight << " in flight, " << threads << " threads";
+      }
+    }
+  }
+  auto x_gpu = upload_bf16(random_bf16_values(64, 34));
+  auto w_gpu = upload_bf16(random_bf16_values(64 * 8, 35));
+  cuda::DeviceBuffer<float> y(8);
+  EXPECT_THROW(cuda::gemv_with_config(x_gpu.data(), w_gpu.data(), 64, 8, y.data(), false, 5, 256),
+               Error);
+  EXPECT_THROW(cuda::gemv_with_config(x_gpu.data(), w_gpu.data(), 64, 8, y.data(), false, 8, 100),
+               Error);
+  EXPECT_THROW(cuda::gemv_with_config(x_gpu.data(), w_gpu.data(), 60, 8, y.data(), false, 8, 256),
+               Error);
+}
+
 TEST(CudaOps, RmsNormMatchesCpu) {
   ENTROPYINFER_REQUIRE_GPU();
   for (auto [rows, size] : {std::pair{1, 4096}, {5, 768}, {33, 100}, {3, 5120}}) {

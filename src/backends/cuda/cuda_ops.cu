@@ -254,11 +254,10 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
 }
 
 // y[o] (+)= sum_k x[k] * w[o][k]: one warp per output row; the weights stream through with 16-byte
-// loads that skip L1, eight in flight per lane; x (small, shared by all rows) stays cached.
-template <typename Out, bool kAccumulate>
+// loads that skip L1, kInFlight in flight per lane; x (small, shared by all rows) stays cached.
+template <typename Out, bool kAccumulate, int kInFlight>
 __global__ void gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, int64_t in,
                             int64_t out, Out* __restrict__ y) {
-  constexpr int kInFlight = 8;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= out) return;
@@ -304,16 +303,29 @@ bool gemv_fits(const bf16* x, int64_t in, const bf16* w) {
          reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
 
+// What Blas::linear runs: eight loads in flight per lane, 256 threads per block.
+constexpr int kGemvInFlight = 8;
 constexpr int kGemvThreads = 256;
 
 // Launches a single-token product as a dependent launch (dependent_launch.cuh): it streams weights
 // that no kernel writes, so it starts on them before the kernel ahead has finished.
-template <typename Out, bool kAccumulate>
-void launch_gemv(const bf16* x, const bf16* w, int64_t in, int64_t out, Out* y,
-                 cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((out + kGemvThreads / 32 - 1) / (kGemvThreads / 32)));
-  launch_dependent("gemv launch", gemv_kernel<Out, kAccumulate>, grid, dim3(kGemvThreads), 0,
+template <typename Out, bool kAccumulate, int kInFlight = kGemvInFlight>
+void launch_gemv(const bf16* x, const bf16* w, int64_t in, int64_t out, Out* y, cudaStream_t stream,
+                 int threads = kGemvThreads) {
+  const int warps = threads / 32;
+  const dim3 grid(static_cast<unsigned>((out + warps - 1) / warps));
+  launch_dependent("gemv launch", gemv_kernel<Out, kAccumulate, kInFlight>, grid, dim3(threads), 0,
                    stream, x, w, in, out, y);
+}
+
+template <int kInFlight>
+void launch_gemv_float(const bf16* x, const bf16* w, int64_t in, int64_t out, float* y,
+                       bool accumulate, int threads, cudaStream_t stream) {
+  if (accumulate) {
+    launch_gemv<float, true, kInFlight>(x, w, in, out, y, stream, threads);
+  } else {
+    launch_gemv<float, false, kInFlight>(x, w, in, out, y, stream, threads);
+  }
 }
 
 constexpr int kThreads = 256;
@@ -425,6 +437,29 @@ void Blas::linear(const bf16* x, int64_t tokens, int64_t in, const bf16* w, int6
     return;
   }
   run(plan_for(tokens, in, out, y_stride, true), x, w, y, accumulate);
+}
+
+void gemv_with_config(const bf16* x, const bf16* w, int64_t in, int64_t out, float* y,
+                      bool accumulate, int in_flight, int threads, cudaStream_t stream) {
+  if (threads < 32 || threads > 1024 || threads % 32 != 0) {
+    throw Error("gemv: " + std::to_string(threads) +
+                " threads per block; need a multiple of 32 up to 1024");
+  }
+  if (!gemv_fits(x, in, w)) {
+    throw Error("gemv: the input width " + std::to_string(in) +
+                " must be a multiple of 8 and both operands 16-byte aligned");
+  }
+  if (out == 0) return;
+  switch (in_flight) {
+    case 4:
+      return launch_gemv_float<4>(x, w, in, out, y, accumulate, threads, stream);
+    case 8:
+      return launch_gemv_float<8>(x, w, in, out, y, accumulate, threads, stream);
+    case 16:
+      return launch_gemv_float<16>(x, w, in, out, y, accumulate, threads, stream);
+    default:
+      throw Error("gemv: " + std::to_string(in_flight) + " loads in flight; need 4, 8 or 16");
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------

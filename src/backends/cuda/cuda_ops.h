@@ -50,6 +50,13 @@ class Blas {
   bool gemv_ = true;
 };
 
+// The single-token product y (+)= x * w^T through the GEMV kernel with an explicit configuration,
+// for tuning benchmarks: `in_flight` (4, 8 or 16) 16-byte weight loads per lane before each wait,
+// `threads` (a multiple of 32, at most 1024) per block, one warp per output row. Blas::linear runs
+// 8 and 256. Throws Error on any other configuration or when the operands do not fit the kernel.
+void gemv_with_config(const bf16* x, const bf16* w, int64_t in, int64_t out, float* y,
+                      bool accumulate, int in_flight, int threads, cudaStream_t stream = nullptr);
+
 // out[r] = x[r] / rms(x[r]) * weight, rows of `size` (rows `x_stride` / `out_stride` elements
 // apart; 0 means size). One block per row; out may alias x when the types match.
 void rms_norm(const float* x, const float* weight, int64_t rows, int64_t size, float eps, bf16* out,
