@@ -82,6 +82,33 @@ TEST(CudaOps, LinearFp32OutputAccumulatesIntoStridedRows) {
   EXPECT_LE(worst, 1e-4);
 }
 
+// Autotuning runs the candidates into a scratch output: an accumulating product still adds its
+// result to y exactly once, and the products it chooses match the CPU.
+TEST(CudaOps, AutotunedProductsMatchCpuAndAccumulateOnce) {
+  ENTROPYINFER_REQUIRE_GPU();
+  cuda::Blas blas;
+  blas.set_autotune(8);
+  for (auto [tokens, in, out] : {std::tuple{300, 512, 1536}, {64, 4096, 1000}}) {
+    const auto x = random_bf16_values(static_cast<size_t>(tokens) * in, 41, 1.0f);
+    const auto w = random_bf16_values(static_cast<size_t>(out) * in, 42, 1.0f / std::sqrt(in));
+    std::vector<float> product(static_cast<size_t>(tokens) * out);
+    cpu::linear(x.data(), tokens, in, w.data(), nullptr, out, product.data());
+    auto x_gpu = upload_bf16(x), w_gpu = upload_bf16(w);
+    cuda::DeviceBuffer<cuda::bf16> y_bf16(product.size());
+    gpu_test::poison(y_bf16);
+    blas.linear(x_gpu.data(), tokens, in, w_gpu.data(), out, y_bf16.data());
+    EXPECT_LE(worst_excess(download_bf16(y_bf16), product, kBf16Relative), 1e-3)
+        << tokens << "x" << in << "x" << out;
+    const auto initial = gpu_test::random_floats(product.size(), 43);
+    std::vector<float> expected = initial;
+    for (size_t i = 0; i < expected.size(); ++i) expected[i] += product[i];
+    auto y_fp32 = upload_floats(initial);
+    blas.linear(x_gpu.data(), tokens, in, w_gpu.data(), out, y_fp32.data(), /*accumulate=*/true);
+    EXPECT_LE(worst_excess(download_floats(y_fp32), expected, 1e-5), 1e-3)
+        << tokens << "x" << in << "x" << out;
+  }
+}
+
 TEST(CudaOps, SingleTokenProductsMatchCpuOnBothPaths) {
   ENTROPYINFER_REQUIRE_GPU();
   cuda::Blas blas;

@@ -2,6 +2,7 @@
 #include <cfloat>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/dependent_launch.cuh"
@@ -339,6 +340,12 @@ struct Blas::Plan {
   cublasLtMatmulDesc_t operation = nullptr;
   cublasLtMatrixLayout_t weight_layout = nullptr, input_layout = nullptr, output_layout = nullptr;
   cublasLtMatmulAlgo_t algorithm{};
+  // When autotuning: the heuristic's list, until the first run has timed it. A fixed array: nvcc's
+  // front end fails on std::vector<cublasLtMatmulAlgo_t> (an internal error in its destructor).
+  static constexpr int kMaxCandidates = 16;
+  cublasLtMatmulAlgo_t candidates[kMaxCandidates] = {};
+  int candidate_count = 0;
+  size_t output_bytes = 0;  // of the whole output, its row stride included
   ~Plan() {
     if (output_layout) cublasLtMatrixLayoutDestroy(output_layout);
     if (input_layout) cublasLtMatrixLayoutDestroy(input_layout);
@@ -357,8 +364,8 @@ Blas::~Blas() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-const Blas::Plan& Blas::plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride,
-                                 bool fp32_out) {
+Blas::Plan& Blas::plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride,
+                           bool fp32_out) {
   const auto key = std::make_tuple(tokens, in, out, y_stride, fp32_out);
   if (auto found = plans_.find(key); found != plans_.end()) return *found->second;
   auto* plan = new Plan;
@@ -385,18 +392,25 @@ const Blas::Plan& Blas::plan_for(int64_t tokens, int64_t in, int64_t out, int64_
     const uint64_t workspace_bytes = workspace_.bytes();
     cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                          &workspace_bytes, sizeof(workspace_bytes));
-    cublasLtMatmulHeuristicResult_t result{};
+    const int wanted = std::clamp(autotune_candidates_, 1, Plan::kMaxCandidates);
+    cublasLtMatmulHeuristicResult_t results[Plan::kMaxCandidates] = {};
     int found = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
         handle_, plan->operation, plan->weight_layout, plan->input_layout, plan->output_layout,
-        plan->output_layout, preference, 1, &result, &found);
+        plan->output_layout, preference, wanted, results, &found);
     cublasLtMatmulPreferenceDestroy(preference);
     check_blas(status, "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0) {
       throw Error("cuBLASLt has no algorithm for a " + std::to_string(tokens) + "x" +
                   std::to_string(in) + "x" + std::to_string(out) + " bf16 product");
     }
-    plan->algorithm = result.algo;
+    plan->algorithm = results[0].algo;
+    if (found > 1) {
+      for (int i = 0; i < found; ++i) plan->candidates[i] = results[i].algo;
+      plan->candidate_count = found;
+      plan->output_bytes = static_cast<size_t>(y_stride) * static_cast<size_t>(tokens) *
+                           (fp32_out ? sizeof(float) : sizeof(bf16));
+    }
   } catch (...) {
     delete plan;
     throw;
@@ -405,7 +419,57 @@ const Blas::Plan& Blas::plan_for(int64_t tokens, int64_t in, int64_t out, int64_
   return *plan;
 }
 
-void Blas::run(const Plan& plan, const bf16* x, const bf16* w, void* y, bool accumulate) {
+// Each candidate once untimed, then the fastest of three timed runs, all writing a scratch output
+// with beta 0 (an accumulating product must not add its candidates' results to y).
+void Blas::tune(Plan& plan, const bf16* x, const bf16* w) {
+  const int count = std::exchange(plan.candidate_count, 0);  // tuned at most once, whatever happens
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone) return;
+  DeviceBuffer<uint8_t> scratch_buffer;
+  try {
+    scratch_buffer.allocate(plan.output_bytes);
+  } catch (const Error&) {
+    cudaGetLastError();  // no room to tune: keep the heuristic's choice
+    return;
+  }
+  void* scratch = scratch_buffer.data();
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  const float alpha = 1.0f, beta = 0.0f;
+  float best_ms = 0;
+  for (int candidate = 0; candidate < count; ++candidate) {
+    const cublasLtMatmulAlgo_t& algorithm = plan.candidates[candidate];
+    auto launch = [&] {
+      return cublasLtMatmul(handle_, plan.operation, &alpha, w, plan.weight_layout, x,
+                            plan.input_layout, &beta, scratch, plan.output_layout, scratch,
+                            plan.output_layout, &algorithm, workspace_.data(), workspace_.bytes(),
+                            stream_);
+    };
+    if (launch() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate may refuse these operands
+    float fastest = 0;
+    for (int run = 0; run < 3; ++run) {
+      check(cudaEventRecord(start, stream_), "cudaEventRecord");
+      launch();
+      check(cudaEventRecord(stop, stream_), "cudaEventRecord");
+      check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+      fastest = run == 0 ? ms : std::min(fastest, ms);
+    }
+    if (best_ms == 0 || fastest < best_ms) {
+      best_ms = fastest;
+      plan.algorithm = algorithm;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  check(cudaStreamSynchronize(stream_), "autotune");
+}
+
+void Blas::run(Plan& plan, const bf16* x, const bf16* w, void* y, bool accumulate) {
+  if (plan.candidate_count > 0) tune(plan, x, w);
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   check_blas(cublasLtMatmul(handle_, plan.operation, &alpha, w, plan.weight_layout, x,
                             plan.input_layout, &beta, y, plan.output_layout, y, plan.output_layout,

@@ -36,18 +36,26 @@ class Blas {
   // 16-byte loads, eight in flight per lane; off sends them through cuBLASLt too (for comparison).
   void set_gemv(bool enabled) { gemv_ = enabled; }
 
+  // Autotuning (off by default): a product shape's first run times up to `candidates` of
+  // cuBLASLt's heuristic algorithms (into a scratch output, so y is written once, by the chosen
+  // one) and keeps the fastest; 0 or 1 keeps the heuristic's first choice. Never tunes while the
+  // stream is being captured into a graph, nor when the scratch output cannot be allocated.
+  void set_autotune(int candidates) { autotune_candidates_ = candidates; }
+
   cudaStream_t stream() const { return stream_; }
 
  private:
   struct Plan;
-  const Plan& plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride, bool fp32_out);
-  void run(const Plan& plan, const bf16* x, const bf16* w, void* y, bool accumulate);
+  Plan& plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride, bool fp32_out);
+  void run(Plan& plan, const bf16* x, const bf16* w, void* y, bool accumulate);
+  void tune(Plan& plan, const bf16* x, const bf16* w);
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer<uint8_t> workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, Plan*> plans_;
   bool gemv_ = true;
+  int autotune_candidates_ = 0;
 };
 
 // The single-token product y (+)= x * w^T through the GEMV kernel with an explicit configuration,
