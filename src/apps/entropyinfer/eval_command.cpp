@@ -2,7 +2,6 @@
 // the synthetic tasks of training/TASKS.md from a seed (src/eval/ruler_tasks.h), generates greedily
 // under each method and budget level, scores as RULER does, and writes a markdown report (stdout
 // and --markdown), JSON and SVG plots (src/eval/eval_report.h).
-#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,13 +42,11 @@ struct EvalArgs {
                                       "full+snapkv", "full+adakv",     "full+streaming"};
   std::vector<std::string> budgets = {"512", "1024", "2048"};
   std::string words = "all";
-  std::string device = "cpu";
   std::string text_dir;
   std::string json_path;
   std::string markdown_path;
   std::string plots_dir;
-  int threads = 0;
-  int chunk_tokens = 8192;
+  DeviceFlags run;
   AttentionOptions attention;
 };
 
@@ -337,12 +334,11 @@ struct PreparedSample {
 void run_eval(const EvalArgs& args, CLI::App* command) {
   const auto eval_start = Clock::now();
   // Everything the flags can get wrong is checked before the model loads.
-  check_device_flag(args.device);
+  args.run.check();
   const std::vector<eval::RulerTask> tasks = parse_tasks(args.tasks);
   const std::vector<int> lengths = parse_token_counts("--lengths", args.lengths);
   const std::vector<int> budgets = parse_token_counts("--budgets", args.budgets);
   if (args.samples < 1) throw Error("--samples must be >= 1");
-  if (args.chunk_tokens < 1) throw Error("--chunk must be >= 1");
   const eval::RulerWordSet words = eval::parse_ruler_word_set(args.words);
   reject_flags(command, {"--base-budget", "--critiprefill-budget", "--decode-budget"},
                "eval gives every method the same budget; set the levels with --budgets");
@@ -371,7 +367,7 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
                 "' does not exist (eval needs a Hugging Face folder with task_words.json)");
   }
   const std::string text_dir = find_text_dir(args.text_dir);
-  if (args.threads > 0) omp_set_num_threads(args.threads);
+  args.run.apply_threads();
 
   const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(args.model);
   const eval::RulerSources sources = eval::load_ruler_sources(args.model, text_dir, words);
@@ -409,8 +405,8 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
   }
 
   std::string device_name;
-  const std::unique_ptr<GreedyModel> model = make_greedy_model(
-      args.device, weights, longest, args.chunk_tokens, runs.front().config, device_name);
+  const std::unique_ptr<GreedyModel> model =
+      make_greedy_model(args.run, weights, longest, runs.front().config, device_name);
 
   eval::EvalReport report;
   report.date = utc_date();
@@ -563,7 +559,6 @@ void register_eval(CLI::App& app) {
       ->add_option("--words", args->words,
                    "Word pools: all (the evaluation's) or heldout (words never seen in training)")
       ->capture_default_str();
-  command->add_option("--device", args->device, "cpu or cuda (CUDA builds)")->capture_default_str();
   command->add_option("--text-dir", args->text_dir,
                       "Folder with janeausten/persuasion.txt, the haystack (default: "
                       "shared/assets/text found above the current directory or the executable)");
@@ -572,9 +567,7 @@ void register_eval(CLI::App& app) {
   command->add_option("--plots", args->plots_dir,
                       "Write SVG plots into this folder: accuracy against length (one per budget "
                       "level) and against budget");
-  command->add_option("--threads", args->threads, "CPU threads (default: OpenMP's)");
-  command->add_option("--chunk", args->chunk_tokens, "cuda: prompt tokens per matrix-product pass")
-      ->capture_default_str();
+  args->run.add_to(command);
   args->attention.add_to(command);
   command->callback([args, command] { run_eval(*args, command); });
 }

@@ -87,7 +87,14 @@ void CpuGreedyModel::set_progress(Transformer::ProgressCallback callback) {
   if (model_) model_->set_progress_callback(progress_);
 }
 
-void check_device_flag(const std::string& device) {
+void DeviceFlags::add_to(CLI::App* command) {
+  command->add_option("--device", device, "cpu or cuda (CUDA builds)")->capture_default_str();
+  command->add_option("--threads", threads, "CPU threads (default: OpenMP's)");
+  command->add_option("--chunk", chunk_tokens, "cuda: prompt tokens per matrix-product pass")
+      ->capture_default_str();
+}
+
+void DeviceFlags::check() const {
   if (device != "cpu" && device != "cuda") {
     throw Error("--device must be cpu or cuda, not '" + device + "'");
   }
@@ -97,20 +104,24 @@ void check_device_flag(const std::string& device) {
         "--device cuda: this build has no CUDA backend (configure with -DENTROPYINFER_CUDA=ON)");
   }
 #endif
+  if (chunk_tokens < 1) throw Error("--chunk must be >= 1");
 }
 
-std::unique_ptr<GreedyModel> make_greedy_model(const std::string& device, ModelWeights& weights,
-                                               int context, int chunk_tokens,
-                                               const AttentionConfig& first,
+void DeviceFlags::apply_threads() const {
+  if (threads > 0) omp_set_num_threads(threads);
+}
+
+std::unique_ptr<GreedyModel> make_greedy_model(const DeviceFlags& flags, ModelWeights& weights,
+                                               int context, const AttentionConfig& first,
                                                std::string& device_name) {
-  check_device_flag(device);
+  flags.check();
   device_name = "cpu (" + std::to_string(omp_get_max_threads()) + " threads)";
-  if (device == "cuda") {
+  if (flags.device == "cuda") {
 #ifdef ENTROPYINFER_WITH_CUDA
     if (cuda::device_count() == 0) throw Error("--device cuda: no CUDA device is present");
     cuda::CudaModelOptions options;
     options.context_length = context;
-    options.chunk_tokens = chunk_tokens;
+    options.chunk_tokens = flags.chunk_tokens;
     options.decode_room = 64;  // answers are at most a few dozen tokens
     options.attention = first;
     std::fprintf(stderr, "uploading to the GPU...\n");
@@ -125,7 +136,6 @@ std::unique_ptr<GreedyModel> make_greedy_model(const std::string& device, ModelW
     return cuda_model;
 #endif
   }
-  (void)chunk_tokens;
   (void)first;
   return std::make_unique<CpuGreedyModel>(weights, context);
 }

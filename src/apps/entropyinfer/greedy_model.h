@@ -57,16 +57,26 @@ class CpuGreedyModel : public GreedyModel {
   Transformer::ProgressCallback progress_;
 };
 
-// "cpu" or "cuda"; Error for any other name, and for cuda in a build without the CUDA backend.
-void check_device_flag(const std::string& device);
+// --device, --threads and --chunk, which eval and needle take alike.
+struct DeviceFlags {
+  std::string device = "cpu";
+  int threads = 0;          // CPU threads; 0 leaves OpenMP's default
+  int chunk_tokens = 8192;  // cuda: prompt tokens per matrix-product pass
 
-// The model on `device` ("cpu" or "cuda", checked by check_device_flag), sized for prompts plus
-// answers of at most `context` tokens, starting with attention `first`. The CPU model reads
-// `weights`, which must outlive it; the GPU keeps its own copy, and `weights` is emptied. Sets
-// `device_name` to what the report calls the device.
-std::unique_ptr<GreedyModel> make_greedy_model(const std::string& device, ModelWeights& weights,
-                                               int context, int chunk_tokens,
-                                               const AttentionConfig& first,
+  void add_to(CLI::App* command);
+  // Error for a device other than "cpu" or "cuda", for cuda in a build without the CUDA backend,
+  // and for a --chunk below 1.
+  void check() const;
+  // Sets OpenMP's thread count when --threads was given.
+  void apply_threads() const;
+};
+
+// The model on `flags.device` (checked by DeviceFlags::check), sized for prompts plus answers of
+// at most `context` tokens, starting with attention `first`. The CPU model reads `weights`, which
+// must outlive it; the GPU keeps its own copy, and `weights` is emptied. Sets `device_name` to
+// what the report calls the device.
+std::unique_ptr<GreedyModel> make_greedy_model(const DeviceFlags& flags, ModelWeights& weights,
+                                               int context, const AttentionConfig& first,
                                                std::string& device_name);
 
 // The ids that end a generation: the model's EOS ids and the tokenizer's.

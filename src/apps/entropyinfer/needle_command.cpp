@@ -2,7 +2,6 @@
 // niah_single sample of training/TASKS.md, built from a seed), answered greedily under each
 // attention method, with the answer, the time to first token and the fraction of full attention's
 // work each method did.
-#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,13 +37,11 @@ struct NeedleArgs {
   std::string length = "16384";
   int index = 0;
   uint64_t seed = 0;
-  std::string device = "cpu";
   std::vector<std::string> methods = {"full", "entropy+latent"};
   std::string budget;
   std::string text_dir;
   std::string json_path;
-  int threads = 0;
-  int chunk_tokens = 8192;
+  DeviceFlags run;
   AttentionOptions attention;
 };
 
@@ -215,10 +212,9 @@ class PrefillStatus {
 
 void run_needle(const NeedleArgs& args, CLI::App* command) {
   // Everything the flags can get wrong is checked before the model loads.
-  check_device_flag(args.device);
+  args.run.check();
   const int length = parse_token_count("--length", args.length);
   if (args.index < 0) throw Error("--index must be >= 0");
-  if (args.chunk_tokens < 1) throw Error("--chunk must be >= 1");
   reject_flags(command, {"--prefill", "--decode"},
                "needle runs the methods named by --methods (prefill[+decode])");
   const bool budget_given = command->get_option("--budget")->count() > 0;
@@ -243,7 +239,7 @@ void run_needle(const NeedleArgs& args, CLI::App* command) {
     throw Error("--length " + std::to_string(length) + ": more than the model's " +
                 std::to_string(model_config.max_position_embeddings) + "-token context");
   }
-  if (args.threads > 0) omp_set_num_threads(args.threads);
+  args.run.apply_threads();
 
   const Haystack haystack = load_haystack(model_folder, args.text_dir);
   const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(model_folder);
@@ -266,8 +262,8 @@ void run_needle(const NeedleArgs& args, CLI::App* command) {
   ModelWeights weights = load_model_with_progress(model_folder);
   const std::vector<int32_t> stop_ids = stop_token_ids(weights.config, *tokenizer);
   std::string device_name;
-  const std::unique_ptr<GreedyModel> model = make_greedy_model(
-      args.device, weights, length, args.chunk_tokens, configs.front(), device_name);
+  const std::unique_ptr<GreedyModel> model =
+      make_greedy_model(args.run, weights, length, configs.front(), device_name);
 
   const double depth = static_cast<double>(place.tokens_before - 1) /
                        static_cast<double>(std::max(place.document_tokens - 1, 1));
@@ -411,7 +407,6 @@ void register_needle(CLI::App& app) {
   command->add_option("--index", args->index, "Which niah_single sample (TASKS.md section 2)")
       ->capture_default_str();
   command->add_option("--seed", args->seed, "Base seed of the sample")->capture_default_str();
-  command->add_option("--device", args->device, "cpu or cuda (CUDA builds)")->capture_default_str();
   command
       ->add_option("--methods", args->methods,
                    "Attention methods, prefill[+decode] each (prefill: full, entropy, "
@@ -428,9 +423,7 @@ void register_needle(CLI::App& app) {
                       "shared/assets/text found above the current directory or the executable; "
                       "without it, RULER's noise haystack)");
   command->add_option("--json", args->json_path, "Write the sample and every method's result");
-  command->add_option("--threads", args->threads, "CPU threads (default: OpenMP's)");
-  command->add_option("--chunk", args->chunk_tokens, "cuda: prompt tokens per matrix-product pass")
-      ->capture_default_str();
+  args->run.add_to(command);
   args->attention.add_to(command);
   command->callback([args, command] { run_needle(*args, command); });
 }
