@@ -7,27 +7,13 @@ bytes, so those two rows compare a slightly larger job on the engine's side.
 """
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 
+from torch_timing import time_runs
+
 SHAPES = {"llama-3.1-8b": dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336)}
-
-
-def time_runs(fn, warmup=2, min_runs=5, max_runs=50, min_total_ms=1500.0):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    while len(times) < max_runs and (len(times) < min_runs or sum(times) < min_total_ms):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times), min(times), len(times)
 
 
 def main():

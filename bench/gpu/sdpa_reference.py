@@ -9,27 +9,13 @@ enable_gqa=True, or through K/V expanded to q_heads when a backend refuses it (r
 """
 import argparse
 import json
-import statistics
 import sys
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
 
-
-def time_runs(fn, warmup=2, min_runs=5, max_runs=50, min_total_ms=1500.0):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    while len(times) < max_runs and (len(times) < min_runs or sum(times) < min_total_ms):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times), min(times), len(times)
+from torch_timing import time_runs
 
 
 def main():
