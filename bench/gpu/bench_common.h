@@ -31,26 +31,16 @@ struct Timing {
 // min_total_ms of measured time or max_runs; each run timed alone with events.
 inline Timing time_runs(const std::function<void()>& work, cudaStream_t stream, int warmup = 2,
                         int min_runs = 5, int max_runs = 50, double min_total_ms = 1500) {
-  cudaEvent_t start, stop;
-  cuda::check(cudaEventCreate(&start), "cudaEventCreate");
-  cuda::check(cudaEventCreate(&stop), "cudaEventCreate");
   for (int i = 0; i < warmup; ++i) work();
   cuda::check(cudaStreamSynchronize(stream), "warm-up");
+  cuda::EventStopwatch stopwatch;
   std::vector<double> times;
   double total = 0;
   while (static_cast<int>(times.size()) < max_runs &&
          (static_cast<int>(times.size()) < min_runs || total < min_total_ms)) {
-    cuda::check(cudaEventRecord(start, stream), "cudaEventRecord");
-    work();
-    cuda::check(cudaEventRecord(stop, stream), "cudaEventRecord");
-    cuda::check(cudaEventSynchronize(stop), "timed run");
-    float ms = 0;
-    cuda::check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    times.push_back(ms);
-    total += ms;
+    times.push_back(stopwatch.time_ms(stream, work));
+    total += times.back();
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   std::sort(times.begin(), times.end());
   Timing timing;
   timing.runs = static_cast<int>(times.size());

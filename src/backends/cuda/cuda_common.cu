@@ -88,4 +88,26 @@ void* device_allocate(size_t bytes) {
               "); " + gib(free_bytes) + " GiB of " + gib(total_bytes) + " GiB are free");
 }
 
+EventStopwatch::EventStopwatch() {
+  check(cudaEventCreate(&start_), "cudaEventCreate");
+  const cudaError_t status = cudaEventCreate(&stop_);
+  if (status != cudaSuccess) cudaEventDestroy(start_);
+  check(status, "cudaEventCreate");
+}
+
+EventStopwatch::~EventStopwatch() {
+  cudaEventDestroy(start_);
+  cudaEventDestroy(stop_);
+}
+
+float EventStopwatch::time_ms(cudaStream_t stream, const std::function<void()>& work) {
+  check(cudaEventRecord(start_, stream), "cudaEventRecord");
+  work();
+  check(cudaEventRecord(stop_, stream), "cudaEventRecord");
+  check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+  return ms;
+}
+
 }  // namespace entropyinfer::cuda

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -42,6 +43,20 @@ void device_free(void* pointer, size_t bytes) noexcept;
 size_t allocated_device_bytes();
 size_t peak_allocated_device_bytes();
 void reset_peak_allocated_device_bytes();  // the peak restarts from what is allocated now
+
+// Times one piece of GPU work at a time with a pair of CUDA events: time_ms records the start on
+// `stream`, calls `work` (which enqueues there), records the stop and waits for it.
+class EventStopwatch {
+ public:
+  EventStopwatch();
+  ~EventStopwatch();
+  EventStopwatch(const EventStopwatch&) = delete;
+  EventStopwatch& operator=(const EventStopwatch&) = delete;
+  float time_ms(cudaStream_t stream, const std::function<void()>& work);
+
+ private:
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
 
 // Device memory of `count` elements of T, freed on destruction. Allocation failures throw Error
 // naming the size asked for and what is free.

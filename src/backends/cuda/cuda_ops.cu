@@ -434,9 +434,7 @@ void Blas::tune(Plan& plan, const bf16* x, const bf16* w) {
     return;
   }
   void* scratch = scratch_buffer.data();
-  cudaEvent_t start = nullptr, stop = nullptr;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
+  EventStopwatch stopwatch;
   const float alpha = 1.0f, beta = 0.0f;
   float best_ms = 0;
   for (int candidate = 0; candidate < count; ++candidate) {
@@ -450,12 +448,7 @@ void Blas::tune(Plan& plan, const bf16* x, const bf16* w) {
     if (launch() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate may refuse these operands
     float fastest = 0;
     for (int run = 0; run < 3; ++run) {
-      check(cudaEventRecord(start, stream_), "cudaEventRecord");
-      launch();
-      check(cudaEventRecord(stop, stream_), "cudaEventRecord");
-      check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+      const float ms = stopwatch.time_ms(stream_, [&] { launch(); });
       fastest = run == 0 ? ms : std::min(fastest, ms);
     }
     if (best_ms == 0 || fastest < best_ms) {
@@ -463,8 +456,6 @@ void Blas::tune(Plan& plan, const bf16* x, const bf16* w) {
       plan.algorithm = algorithm;
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   check(cudaStreamSynchronize(stream_), "autotune");
 }
 

@@ -24,23 +24,11 @@ CopyBandwidth measure_copy_bandwidth(size_t bytes) {
     check(cudaMemcpyAsync(target.data(), source.data(), bytes, cudaMemcpyDeviceToDevice, nullptr),
           "copy");
   };
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
   for (int i = 0; i < kWarmupCopies; ++i) copy();
   check(cudaStreamSynchronize(nullptr), "warm-up");
+  EventStopwatch stopwatch;
   std::vector<double> times_ms;
-  for (int i = 0; i < kTimedCopies; ++i) {
-    check(cudaEventRecord(start, nullptr), "cudaEventRecord");
-    copy();
-    check(cudaEventRecord(stop, nullptr), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "timed copy");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    times_ms.push_back(ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  for (int i = 0; i < kTimedCopies; ++i) times_ms.push_back(stopwatch.time_ms(nullptr, copy));
   std::sort(times_ms.begin(), times_ms.end());
   const size_t middle = times_ms.size() / 2;
   const double median_ms =
