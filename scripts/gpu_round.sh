@@ -21,6 +21,7 @@
 #   SPARSE_LENGTHS lengths of the block-sparse kernel benchmark (default 32768,65536,131072)
 #   METHODS        methods compared (default full,entropy+latent,critiprefill+snapkv)
 #   NEW_TOKENS     tokens generated after each prompt there (default 256)
+#   METHOD_STAGE_TIMES 1 adds one prefill per row timed part by part (--stage-times)
 #   METHODS_HF     0 skips the transformers reference of the method comparison (default 1)
 #   BENCH_LENGTHS_CLI  prompt lengths of `entropyinfer bench --device cuda` for dense attention
 #                  (default 16384,32768,65536,131072)
@@ -198,8 +199,10 @@ fi
 
 if [[ "${steps}" == *",methods,"* && -x "${build}/entropyinfer" ]]; then
   section methods
+  stage_flag=""
+  [[ "${METHOD_STAGE_TIMES:-0}" == 1 ]] && stage_flag="--stage-times"
   timeout -k 10 420 "${build}/entropyinfer" bench --device cuda --random-model llama-3.1-8b \
-    -p "${method_lengths}" -n "${new_tokens}" -r 1 --methods "${methods}" \
+    -p "${method_lengths}" -n "${new_tokens}" -r 1 --methods "${methods}" ${stage_flag} \
     --json "${out}/methods-ours.json" 2>&1 | tee -a "${log}" || step_failed "methods benchmark"
   if [[ "${METHODS_HF:-1}" == 1 ]]; then
     timeout -k 10 420 python3 "${repo_root}/bench/gpu/hf_reference.py" --prefill "${method_lengths}" \

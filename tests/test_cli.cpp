@@ -81,6 +81,7 @@ TEST(Cli, BenchDeviceAndMethodErrorsAreClear) {
   expect_error(run_cli("bench --device tpu --random-model llama-100m -p 64"), "--device");
   expect_error(run_cli("bench --random-model llama-100m -p 64 --methods entropy"), "--methods");
   expect_error(run_cli("bench --random-model no-such-shape -p 64"), "no-such-shape");
+  expect_error(run_cli("bench --random-model llama-100m -p 64 --stage-times"), "--stage-times");
 }
 
 TEST(Cli, TokenizePrintsIds) {

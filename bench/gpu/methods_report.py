@@ -58,6 +58,22 @@ def main():
                      f"{fmt(e.get('prefill_speedup_vs_full'))} | {fmt(e.get('e2e_speedup_vs_full'))} | "
                      f"{fmt(e.get('prefill_speedup_vs_transformers'))} | {fmt(e.get('e2e_speedup_vs_transformers'))} | "
                      f"{fmt(e.get('estimate_share_of_prefill'), 3)} | {fmt(e['decode_ratio_to_floor'])} |")
+    staged = [r for r in rows if r.get("prefill_stage_ms")]
+    if staged:
+        # One more prefill per row, timed part by part with CUDA events (entropyinfer bench
+        # --stage-times); the parts' sum is GPU time, a little over the untimed prefill.
+        stages = []
+        for r in staged:
+            stages += [name for name in r["prefill_stage_ms"] if name not in stages]
+        lines.append("\nPrefill GPU time by part (ms), from one more prefill per row with events "
+                     "around each part:\n")
+        lines.append("| prompt | method | " + " | ".join(stages) + " | sum |")
+        lines.append("|---|---|" + "---|" * (len(stages) + 1))
+        for r in staged:
+            parts = r["prefill_stage_ms"]
+            lines.append(f"| {r['prompt_tokens']} | {r['method']} | " +
+                         " | ".join(f"{parts[name]:.0f}" if name in parts else "-" for name in stages) +
+                         f" | {sum(parts.values()):.0f} |")
     if hf:
         lines.append("\ntransformers: " + "; ".join(
             f"prefill {n}: {row['seconds']:.2f} s" for n, row in sorted(hf_prefill.items())) + "; " + "; ".join(

@@ -17,8 +17,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iostream>
 #include <iterator>
+#include <map>
 
 #include "backends/cuda/cuda_transformer.h"
 #include "engine/transformer.h"
@@ -84,6 +86,50 @@ TEST(CudaTransformerPolicies, SparsePrefillReadingEverythingEqualsDense) {
     compare_rows(dense.forward(prompt, true), sparse.forward(prompt, true), config.vocab_size,
                  layer_major);
     EXPECT_LE(layer_major.worst_relative_l2, 5e-3);
+  }
+}
+
+// The opt-in breakdown of a prefill: it changes no result, names the parts each path runs, and its
+// parts add up to no more GPU time than the whole prefill took on the clock.
+TEST(CudaTransformerPolicies, StageTimingChangesNothingAndCoversTheParts) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const ModelConfig config = small_config(0);
+  const ModelWeights weights = gpu_exact_model(config, 17);
+  cuda::CudaModelOptions options;
+  options.context_length = 1024;
+  options.chunk_tokens = 200;
+  const auto prompt = test_prompt(700, config.vocab_size);
+  for (const bool sparse : {false, true}) {
+    SCOPED_TRACE(sparse ? "entropy prefill (layer by layer)" : "full attention (chunked)");
+    options.attention = sparse ? small_sparse(PrefillMethod::kEntropy, 128) : AttentionConfig{};
+    cuda::CudaTransformer model(weights, options);
+    const std::vector<float> untimed = model.forward(prompt);
+    EXPECT_TRUE(model.attention_work().prefill_stage_ms.empty());
+    model.reset();
+    model.set_stage_timing(true);
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<float> timed = model.forward(prompt);
+    const double wall_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(timed, untimed);
+    std::map<std::string, double> parts;
+    double total = 0;
+    for (const auto& [stage, ms] : model.attention_work().prefill_stage_ms) {
+      EXPECT_GT(ms, 0.0) << stage;
+      parts[stage] = ms;
+      total += ms;
+    }
+    for (const char* stage :
+         {"embedding", "norms", "qkv product", "qkv pointwise", "cache writes", "attention",
+          "o product", "gate/up product", "swiglu", "down product", "logits"}) {
+      EXPECT_EQ(parts.count(stage), 1u) << stage;
+    }
+    EXPECT_EQ(parts.count("estimate"), sparse ? 1u : 0u);
+    EXPECT_LE(total, wall_ms);
+    // A decode step after the prefill is not timed by part: the prefill's breakdown stays.
+    const auto after_prefill = model.attention_work().prefill_stage_ms;
+    model.forward(std::vector<int32_t>{5});
+    EXPECT_EQ(model.attention_work().prefill_stage_ms, after_prefill);
   }
 }
 

@@ -40,6 +40,7 @@ struct BenchArgs {
   std::vector<std::string> methods = {"full"};
   std::string markdown_path;
   int chunk_tokens = 16384;
+  bool stage_times = false;
   AttentionOptions attention;
 };
 
@@ -54,6 +55,7 @@ std::string describe_command(const BenchArgs& args) {
     text << (i ? "," : "") << args.prompt_tokens[i];
   text << " -n " << args.decode_tokens << " -r " << args.repetitions << " --methods ";
   for (size_t i = 0; i < args.methods.size(); ++i) text << (i ? "," : "") << args.methods[i];
+  if (args.stage_times) text << " --stage-times";
   return text.str();
 }
 
@@ -65,6 +67,7 @@ void run_bench_on_cuda(const BenchArgs& args) {
   cuda_args.decode_tokens = args.decode_tokens;
   cuda_args.repetitions = args.repetitions;
   cuda_args.chunk_tokens = args.chunk_tokens;
+  cuda_args.stage_times = args.stage_times;
   cuda_args.methods = args.methods;
   cuda_args.base = args.attention.resolve();
   cuda_args.json_path = args.json_path;
@@ -126,6 +129,8 @@ void run_bench(const BenchArgs& args) {
         "--methods: the CPU bench measures full attention (bench-work measures the policies' "
         "work)");
   }
+  if (args.stage_times)
+    throw Error("--stage-times: the breakdown is of GPU prefills (--device cuda)");
   if (args.model.empty() == args.random_model.empty()) {
     throw Error("give exactly one of --model or --random-model");
   }
@@ -244,6 +249,9 @@ void register_bench(CLI::App& app) {
       ->delimiter(',');
   command->add_option("--markdown", args->markdown_path,
                       "cuda: also write the table (with date, GPU and command) to this file");
+  command->add_flag("--stage-times", args->stage_times,
+                    "cuda: after the timed runs, one more prefill per row with its GPU time broken "
+                    "down by part (products, pointwise kernels, estimate, attention...)");
   command->add_option("--chunk", args->chunk_tokens, "cuda: prompt tokens per matrix-product pass")
       ->capture_default_str();
   args->attention.add_to(command);

@@ -165,6 +165,25 @@ void run_cuda_bench(const CudaBenchArgs& args) {
                      runs_done, total_runs, prompt_length, args.methods[m].c_str(), prefill,
                      prefill + decode_total, seconds_since(bench_start));
       }
+      nlohmann::json stage_ms = nlohmann::json::object();
+      if (args.stage_times) {
+        // Separate from the timed runs: the events between the parts cost a little time.
+        model->reset();
+        model->set_stage_timing(true);
+        model->forward_greedy(prompt);
+        model->set_stage_timing(false);
+        double total = 0;
+        std::string parts;
+        for (const auto& [stage, ms] : model->attention_work().prefill_stage_ms) {
+          stage_ms[stage] = ms;
+          total += ms;
+          char part[96];
+          std::snprintf(part, sizeof(part), "%s%s %.0f ms", parts.empty() ? "" : ", ",
+                        stage.c_str(), ms);
+          parts += part;
+        }
+        std::fprintf(stderr, "  prefill by part (%.0f ms of GPU time): %s\n", total, parts.c_str());
+      }
       const double keys_fraction =
           work.prefill_keys_dense > 0
               ? static_cast<double>(work.prefill_keys_read) / work.prefill_keys_dense
@@ -223,7 +242,8 @@ void run_cuda_bench(const CudaBenchArgs& args) {
                          {"cache_bytes_after", work.cache_bytes_after},
                          {"e2e_seconds", e2e_s},
                          {"e2e_seconds_median", median(e2e_s)},
-                         {"peak_gpu_bytes", peak}});
+                         {"peak_gpu_bytes", peak},
+                         {"prefill_stage_ms", stage_ms}});
     }
   }
   std::printf("%s", table.str().c_str());

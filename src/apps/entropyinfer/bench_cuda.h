@@ -17,6 +17,7 @@ struct CudaBenchArgs {
   int repetitions = 1;
   int chunk_tokens = 16384;
   int warmup_tokens = 8192;  // a short prompt run first under every method
+  bool stage_times = false;  // one more prefill per row, timed part by part
   // "prefill[+decode]" each, e.g. full, entropy+latent, critiprefill+snapkv.
   std::vector<std::string> methods;
   AttentionConfig base;  // the parameters every method shares

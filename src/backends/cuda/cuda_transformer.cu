@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -140,6 +141,72 @@ class EventTimer {
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pairs_;
 };
 
+// The parts of a prefill, for the opt-in breakdown (CudaTransformer::set_stage_timing).
+enum class Stage {
+  kEmbedding,
+  kNorms,
+  kQkvProduct,
+  kQkvPointwise,  // bias, q/k norms, RoPE
+  kCacheWrites,   // cache append, the layer-major query copy, the observation window
+  kEstimate,
+  kAttention,
+  kOProduct,
+  kGateUpProduct,
+  kSwiglu,
+  kDownProduct,
+  kLogits,
+  kCompression,
+  kCount
+};
+constexpr const char* kStageNames[] = {
+    "embedding",    "norms",     "qkv product", "qkv pointwise",   "cache writes",
+    "estimate",     "attention", "o product",   "gate/up product", "swiglu",
+    "down product", "logits",    "compression"};
+static_assert(sizeof(kStageNames) / sizeof(kStageNames[0]) == static_cast<size_t>(Stage::kCount));
+
+// GPU time per Stage over one prefill, from events recorded around each part; off, it records
+// nothing. Events between kernels add a few microseconds each, so headline timings leave it off.
+class StageTimes {
+ public:
+  class Scope {
+   public:
+    Scope(EventTimer* timer, cudaStream_t stream) : timer_(timer), stream_(stream) {
+      if (timer_ != nullptr) timer_->start(stream_);
+    }
+    ~Scope() {
+      if (timer_ != nullptr) timer_->stop(stream_);
+    }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    EventTimer* timer_;
+    cudaStream_t stream_;
+  };
+
+  bool active = false;
+  Scope scope(Stage stage, cudaStream_t stream) {
+    return Scope(active ? &timers_[static_cast<size_t>(stage)] : nullptr, stream);
+  }
+  void add(Stage stage, double ms) { extra_ms_[static_cast<size_t>(stage)] += ms; }
+  std::vector<std::pair<std::string, double>> totals_ms() {
+    std::vector<std::pair<std::string, double>> totals;
+    for (size_t i = 0; i < timers_.size(); ++i) {
+      const double ms = timers_[i].total_ms() + extra_ms_[i];
+      if (ms > 0) totals.emplace_back(kStageNames[i], ms);
+    }
+    return totals;
+  }
+  void clear() {
+    for (EventTimer& timer : timers_) timer.clear();
+    extra_ms_.fill(0);
+  }
+
+ private:
+  std::array<EventTimer, static_cast<size_t>(Stage::kCount)> timers_;
+  std::array<double, static_cast<size_t>(Stage::kCount)> extra_ms_{};
+};
+
 }  // namespace
 
 std::string GpuMemoryPlan::describe() const {
@@ -274,6 +341,8 @@ struct CudaTransformer::State {
   DeviceBuffer<float> ragged_workspace;
   CudaAttentionWork work;
   bool record_plans = false;
+  bool stage_timing = false;  // break the next prefills' GPU time down by Stage
+  StageTimes stages;
   std::vector<LayerPrefillPlan> plans;
   std::vector<Layer> layers;
   DeviceBuffer<bf16> embedding, lm_head;  // lm_head empty when tied
@@ -541,8 +610,15 @@ struct CudaTransformer::State {
   void enqueue_qkv(Layer& layer, const float* rows, int64_t m, const float* cos, const float* sin,
                    const int* device_position_pointer) {
     const ModelConfig& c = config;
-    rms_norm(rows, layer.attn_norm.data(), m, w.hidden, c.rms_norm_eps, normed.data(), stream);
-    blas.linear(normed.data(), m, w.hidden, layer.qkv.data(), w.qkv, qkv.data());
+    {
+      const auto timed = stages.scope(Stage::kNorms, stream);
+      rms_norm(rows, layer.attn_norm.data(), m, w.hidden, c.rms_norm_eps, normed.data(), stream);
+    }
+    {
+      const auto timed = stages.scope(Stage::kQkvProduct, stream);
+      blas.linear(normed.data(), m, w.hidden, layer.qkv.data(), w.qkv, qkv.data());
+    }
+    const auto timed = stages.scope(Stage::kQkvPointwise, stream);
     if (c.qkv_bias) add_bias(qkv.data(), layer.qkv_bias.data(), m, w.qkv, w.qkv, stream);
     bf16* q = qkv.data();
     bf16* k = qkv.data() + w.q;
@@ -560,13 +636,26 @@ struct CudaTransformer::State {
   // The second half over m rows: output projection added to the residual rows, then the MLP.
   void enqueue_mlp(Layer& layer, float* rows, const bf16* attention_rows, int64_t m) {
     const ModelConfig& c = config;
-    blas.linear(attention_rows, m, w.q, layer.o.data(), w.hidden, rows, /*accumulate=*/true);
-    if (c.o_bias) add_bias(rows, layer.o_bias.data(), m, w.hidden, w.hidden, stream);
-    rms_norm(rows, layer.mlp_norm.data(), m, w.hidden, c.rms_norm_eps, normed.data(), stream);
-    blas.linear(normed.data(), m, w.hidden, layer.gate_up.data(), 2 * w.intermediate,
-                gate_up.data());
-    swiglu(gate_up.data(), gate_up.data() + w.intermediate, m, w.intermediate, 2 * w.intermediate,
-           activation.data(), stream);
+    {
+      const auto timed = stages.scope(Stage::kOProduct, stream);
+      blas.linear(attention_rows, m, w.q, layer.o.data(), w.hidden, rows, /*accumulate=*/true);
+      if (c.o_bias) add_bias(rows, layer.o_bias.data(), m, w.hidden, w.hidden, stream);
+    }
+    {
+      const auto timed = stages.scope(Stage::kNorms, stream);
+      rms_norm(rows, layer.mlp_norm.data(), m, w.hidden, c.rms_norm_eps, normed.data(), stream);
+    }
+    {
+      const auto timed = stages.scope(Stage::kGateUpProduct, stream);
+      blas.linear(normed.data(), m, w.hidden, layer.gate_up.data(), 2 * w.intermediate,
+                  gate_up.data());
+    }
+    {
+      const auto timed = stages.scope(Stage::kSwiglu, stream);
+      swiglu(gate_up.data(), gate_up.data() + w.intermediate, m, w.intermediate, 2 * w.intermediate,
+             activation.data(), stream);
+    }
+    const auto timed = stages.scope(Stage::kDownProduct, stream);
     blas.linear(activation.data(), m, w.intermediate, layer.down.data(), w.hidden, rows, true);
   }
 
@@ -609,7 +698,10 @@ struct CudaTransformer::State {
     bf16* q = qkv.data();
     bf16* k = qkv.data() + w.q;
     bf16* v = qkv.data() + w.q + w.kv;
-    if (device_position_pointer == nullptr) record_window(layer_index, q, w.qkv, first, m);
+    if (device_position_pointer == nullptr) {
+      const auto timed = stages.scope(Stage::kCacheWrites, stream);
+      record_window(layer_index, q, w.qkv, first, m);
+    }
     if (layer.compressed) {
       // Single tokens only (run() feeds a compressed cache one token at a time).
       const RaggedShape shape = ragged_shape(layer);
@@ -619,8 +711,12 @@ struct CudaTransformer::State {
                     attn_out.data(), ragged_workspace.data(), ragged_workspace.size(), stream,
                     layer.decode_splits);
     } else {
-      append_kv(k, v, m, w.qkv, c.num_kv_heads, w.head_dim, layer.keys.data(), layer.values.data(),
-                context, first, stream, device_position_pointer);
+      {
+        const auto timed = stages.scope(Stage::kCacheWrites, stream);
+        append_kv(k, v, m, w.qkv, c.num_kv_heads, w.head_dim, layer.keys.data(),
+                  layer.values.data(), context, first, stream, device_position_pointer);
+      }
+      const auto timed = stages.scope(Stage::kAttention, stream);
       if (device_position_pointer != nullptr) {
         FlashShape shape = decode_shape(context - 1);  // the largest position sizes the splits
         shape.device_position = device_position_pointer;
@@ -737,11 +833,15 @@ struct CudaTransformer::State {
     const auto [cos_table, sin_table] = rope_span(n, dynamic_cos, dynamic_sin);
     for (int64_t t0 = 0; t0 < n; t0 += chunk) {
       const int64_t m = std::min<int64_t>(chunk, n - t0);
-      cuda::embedding(embedding.data(), ids.data() + t0, m, w.hidden, hidden.data(), stream);
+      {
+        const auto timed = stages.scope(Stage::kEmbedding, stream);
+        cuda::embedding(embedding.data(), ids.data() + t0, m, w.hidden, hidden.data(), stream);
+      }
       for (int index = 0; index < config.num_layers; ++index) {
         enqueue_layer(index, m, position + t0, cos_table + t0 * w.half_rotary,
                       sin_table + t0 * w.half_rotary, nullptr);
       }
+      const auto timed = stages.scope(Stage::kLogits, stream);
       enqueue_logits(hidden.data(), t0, m, n, all_logits, all);
     }
     // The dynamic tables must outlive the kernels that read them.
@@ -771,6 +871,7 @@ struct CudaTransformer::State {
     }
     for (int64_t t0 = 0; t0 < n; t0 += step) {
       const int64_t m = std::min<int64_t>(step, n - t0);
+      const auto timed = stages.scope(Stage::kEmbedding, stream);
       cuda::embedding(embedding.data(), ids.data() + t0, m, w.hidden,
                       prompt_hidden.data() + t0 * w.hidden, stream);
     }
@@ -785,13 +886,16 @@ struct CudaTransformer::State {
         const bf16* q = qkv.data();
         const bf16* k = qkv.data() + w.q;
         const bf16* v = qkv.data() + w.q + w.kv;
-        append_kv(k, v, m, w.qkv, config.num_kv_heads, w.head_dim, cache_keys, cache_values,
-                  context, t0, stream);
-        check(cudaMemcpy2DAsync(prompt_q.data() + t0 * w.q, sizeof(bf16) * w.q, q,
-                                sizeof(bf16) * w.qkv, sizeof(bf16) * w.q, m,
-                                cudaMemcpyDeviceToDevice, stream),
-              "prompt queries");
-        record_window(index, q, w.qkv, t0, m);
+        {
+          const auto timed = stages.scope(Stage::kCacheWrites, stream);
+          append_kv(k, v, m, w.qkv, config.num_kv_heads, w.head_dim, cache_keys, cache_values,
+                    context, t0, stream);
+          check(cudaMemcpy2DAsync(prompt_q.data() + t0 * w.q, sizeof(bf16) * w.q, q,
+                                  sizeof(bf16) * w.qkv, sizeof(bf16) * w.q, m,
+                                  cudaMemcpyDeviceToDevice, stream),
+                "prompt queries");
+          record_window(index, q, w.qkv, t0, m);
+        }
         if (estimator) {
           estimate_timer.start(stream);
           estimator->record_key_blocks(cache_keys, context, t0, m, stream);
@@ -826,6 +930,7 @@ struct CudaTransformer::State {
       if (compress_in_prefill) {
         // The layer's attention has read its full cache (stream order); the compaction ends with a
         // synchronisation, after which the next layer may overwrite the full-size cache.
+        const auto timed = stages.scope(Stage::kCompression, stream);
         compress_layer(index, cache_keys, cache_values, static_cast<int>(n),
                        keeps_window ? static_cast<int>(std::min<int64_t>(window, n)) : 0);
       }
@@ -837,6 +942,7 @@ struct CudaTransformer::State {
     }
     for (int64_t t0 = 0; t0 < n; t0 += step) {
       const int64_t m = std::min<int64_t>(step, n - t0);
+      const auto timed = stages.scope(Stage::kLogits, stream);
       enqueue_logits(prompt_hidden.data() + t0 * w.hidden, t0, m, n, all_logits, all);
     }
     unsigned long long counters[2] = {0, 0};
@@ -855,6 +961,10 @@ struct CudaTransformer::State {
     work.prefill_keys_dense = host_keys + static_cast<int64_t>(counters[1]);
     work.estimate_ms = estimate_timer.total_ms();
     work.prefill_attention_ms = attention_timer.total_ms();
+    if (stages.active) {  // these two are always timed here
+      stages.add(Stage::kEstimate, work.estimate_ms);
+      stages.add(Stage::kAttention, work.prefill_attention_ms);
+    }
   }
 
   size_t cache_bytes() const {
@@ -1051,6 +1161,8 @@ struct CudaTransformer::State {
             "token upload");
       if (is_prefill) work = CudaAttentionWork{};
       if (all_logits) all->assign(static_cast<size_t>(n * w.vocab), 0.0f);
+      stages.clear();
+      stages.active = stage_timing && is_prefill;
       if (is_prefill && position == 0 && n > 1 && layer_major) {
         run_layer_major(n, all_logits, all);
       } else {
@@ -1062,6 +1174,10 @@ struct CudaTransformer::State {
                               ((last * (last + 1) - first * (first + 1)) / 2);
           work.prefill_keys_read = work.prefill_keys_dense = static_cast<int64_t>(keys);
         }
+      }
+      if (stages.active) {
+        work.prefill_stage_ms = stages.totals_ms();  // waits for the prefill's last event
+        stages.active = false;
       }
     }
     position += static_cast<int>(n);
@@ -1132,6 +1248,7 @@ const GpuMemoryPlan& CudaTransformer::memory_plan() const { return state_->plan;
 const CudaAttentionWork& CudaTransformer::attention_work() const { return state_->work; }
 size_t CudaTransformer::kv_cache_bytes() const { return state_->cache_bytes(); }
 void CudaTransformer::set_record_plans(bool record) { state_->record_plans = record; }
+void CudaTransformer::set_stage_timing(bool timing) { state_->stage_timing = timing; }
 const std::vector<LayerPrefillPlan>& CudaTransformer::recorded_plans() const {
   return state_->plans;
 }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/attention_config.h"
@@ -56,6 +57,9 @@ struct CudaAttentionWork {
   size_t cache_bytes_before = 0;
   size_t cache_bytes_after = 0;
   double compression_ms = 0;  // wall time of the one-time compression
+  // With set_stage_timing: the last prefill's GPU time per part (embedding, norms, each product,
+  // pointwise kernels, cache writes, estimate, attention, logits, compression), in milliseconds.
+  std::vector<std::pair<std::string, double>> prefill_stage_ms;
 };
 
 // Bytes a model needs on the GPU.
@@ -101,6 +105,9 @@ class CudaTransformer {
   // as it is made, so this costs a synchronisation per layer: for tests and inspection).
   void set_record_plans(bool record);
   const std::vector<LayerPrefillPlan>& recorded_plans() const;
+  // Time every part of the next prefills with CUDA events (attention_work().prefill_stage_ms).
+  // The events add a few microseconds per part, so timings meant as headline numbers leave it off.
+  void set_stage_timing(bool timing);
   size_t kv_cache_bytes() const;  // allocated now (it shrinks when the cache is compressed)
 
   // What a model of `config` needs with `options`; construction throws Error (naming the bytes
