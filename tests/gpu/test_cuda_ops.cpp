@@ -109,6 +109,28 @@ TEST(CudaOps, AutotunedProductsMatchCpuAndAccumulateOnce) {
   }
 }
 
+// GEMV tuning times the configurations into a scratch output: the tuned product equals the untuned
+// one bit for bit (every configuration sums a row in the same order) and accumulates exactly once.
+TEST(CudaOps, TunedGemvEqualsUntunedAndAccumulatesOnce) {
+  ENTROPYINFER_REQUIRE_GPU();
+  cuda::Blas plain, tuned;
+  tuned.set_gemv_tuning(true);
+  for (auto [in, out] : {std::pair{4096, 1000}, {14336, 4097}}) {
+    const auto x = random_bf16_values(in, 51);
+    const auto w = random_bf16_values(static_cast<size_t>(out) * in, 52, 1.0f / std::sqrt(in));
+    const auto initial = gpu_test::random_floats(out, 53);
+    auto x_gpu = upload_bf16(x), w_gpu = upload_bf16(w);
+    cuda::DeviceBuffer<cuda::bf16> plain_bf16(out), tuned_bf16(out);
+    plain.linear(x_gpu.data(), 1, in, w_gpu.data(), out, plain_bf16.data());
+    tuned.linear(x_gpu.data(), 1, in, w_gpu.data(), out, tuned_bf16.data());
+    EXPECT_EQ(download_bf16(tuned_bf16), download_bf16(plain_bf16)) << in << "x" << out;
+    auto plain_fp32 = upload_floats(initial), tuned_fp32 = upload_floats(initial);
+    plain.linear(x_gpu.data(), 1, in, w_gpu.data(), out, plain_fp32.data(), true);
+    tuned.linear(x_gpu.data(), 1, in, w_gpu.data(), out, tuned_fp32.data(), true);
+    EXPECT_EQ(download_floats(tuned_fp32), download_floats(plain_fp32)) << in << "x" << out;
+  }
+}
+
 TEST(CudaOps, SingleTokenProductsMatchCpuOnBothPaths) {
   ENTROPYINFER_REQUIRE_GPU();
   cuda::Blas blas;
@@ -180,7 +202,10 @@ TEST(CudaOps, GemvConfigurationsMatchCpu) {
 
 TEST(CudaOps, RmsNormMatchesCpu) {
   ENTROPYINFER_REQUIRE_GPU();
-  for (auto [rows, size] : {std::pair{1, 4096}, {5, 768}, {33, 100}, {3, 5120}}) {
+  // Sizes on the fp32 rows' vector kernel (2 to 16 float4s per thread) and off it (8200 is past
+  // its widest row, 99 is not a multiple of 4).
+  for (auto [rows, size] :
+       {std::pair{1, 4096}, {5, 768}, {33, 100}, {3, 5120}, {2, 8200}, {3, 99}}) {
     const auto x = random_bf16_values(static_cast<size_t>(rows) * size, 6, 3.0f);
     const auto weight = gpu_test::random_floats(size, 7, 2.0f);
     std::vector<float> expected(x.size());
@@ -219,7 +244,7 @@ TEST(CudaOps, HeadRmsNormNormalisesEachHeadInsideWiderRows) {
 TEST(CudaOps, RopeMatchesCpuForHalvesPairsAndPartialRotation) {
   ENTROPYINFER_REQUIRE_GPU();
   for (auto [adjacent, rotary_dim] :
-       {std::pair{false, 128}, {true, 128}, {false, 64}, {true, 32}}) {
+       {std::pair{false, 128}, {true, 128}, {false, 64}, {true, 32}, {false, 36}, {true, 36}}) {
     const int tokens = 11, heads = 6, head_dim = 128, stride = heads * head_dim + 512;
     const int half = rotary_dim / 2;
     const auto x = random_bf16_values(static_cast<size_t>(tokens) * stride, 10);
@@ -252,20 +277,22 @@ TEST(CudaOps, RopeMatchesCpuForHalvesPairsAndPartialRotation) {
 
 TEST(CudaOps, SwigluReadsFusedGateUpRows) {
   ENTROPYINFER_REQUIRE_GPU();
-  const int rows = 13, width = 1000;
-  const auto fused = random_bf16_values(static_cast<size_t>(rows) * 2 * width, 12, 3.0f);
-  std::vector<float> gate(static_cast<size_t>(rows) * width), up(gate.size());
-  for (int r = 0; r < rows; ++r) {
-    std::copy_n(fused.begin() + r * 2 * width, width, gate.begin() + r * width);
-    std::copy_n(fused.begin() + r * 2 * width + width, width, up.begin() + r * width);
+  for (const int width : {1000, 1001}) {  // eight columns per thread, and one
+    const int rows = 13;
+    const auto fused = random_bf16_values(static_cast<size_t>(rows) * 2 * width, 12, 3.0f);
+    std::vector<float> gate(static_cast<size_t>(rows) * width), up(gate.size());
+    for (int r = 0; r < rows; ++r) {
+      std::copy_n(fused.begin() + r * 2 * width, width, gate.begin() + r * width);
+      std::copy_n(fused.begin() + r * 2 * width + width, width, up.begin() + r * width);
+    }
+    cpu::swiglu_inplace(gate.data(), up.data(), static_cast<int64_t>(gate.size()));
+    auto fused_gpu = upload_bf16(fused);
+    cuda::DeviceBuffer<cuda::bf16> out(gate.size());
+    gpu_test::poison(out);
+    cuda::swiglu(fused_gpu.data(), fused_gpu.data() + width, rows, width, 2 * width, out.data(),
+                 nullptr);
+    EXPECT_LE(worst_excess(download_bf16(out), gate, kBf16Relative), 1e-5) << "width " << width;
   }
-  cpu::swiglu_inplace(gate.data(), up.data(), static_cast<int64_t>(gate.size()));
-  auto fused_gpu = upload_bf16(fused);
-  cuda::DeviceBuffer<cuda::bf16> out(gate.size());
-  gpu_test::poison(out);
-  cuda::swiglu(fused_gpu.data(), fused_gpu.data() + width, rows, width, 2 * width, out.data(),
-               nullptr);
-  EXPECT_LE(worst_excess(download_bf16(out), gate, kBf16Relative), 1e-5);
 }
 
 TEST(CudaOps, AddBiasAddAndConversions) {

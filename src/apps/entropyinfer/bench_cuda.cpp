@@ -122,9 +122,10 @@ void run_cuda_bench(const CudaBenchArgs& args) {
   for (size_t m = 0; m < methods.size(); ++m) {
     const AttentionConfig& attention = methods[m];
     model->set_attention(attention, layer_major[m]);
-    // Warm-up under this method: cuBLASLt's choices, kernel attributes, the graph.
+    // Warm-up under this method: cuBLASLt's choices (tuned on a whole chunk's first run, hence a
+    // prompt of more than one chunk), the GEMV configurations, kernel attributes, the graph.
     {
-      const int warm = std::min(args.warmup_tokens, longest);
+      const int warm = std::min(std::max(args.warmup_tokens, args.chunk_tokens + 1), longest);
       model->reset();
       int32_t token = model->forward_greedy(random_prompt(warm, config.vocab_size, 1));
       for (int step = 0; step < std::min(args.decode_tokens, 24); ++step)

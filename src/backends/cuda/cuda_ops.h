@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <tuple>
+#include <utility>
 
 #include "backends/cuda/cuda_common.h"
 
@@ -33,14 +34,23 @@ class Blas {
               bool accumulate = false, int64_t y_stride = 0);
 
   // Single-token products (decoding) run in an in-house GEMV kernel that streams the weights with
-  // 16-byte loads, eight in flight per lane; off sends them through cuBLASLt too (for comparison).
+  // 16-byte loads; off sends them through cuBLASLt too (for comparison).
   void set_gemv(bool enabled) { gemv_ = enabled; }
+  // GEMV tuning (off by default): a single-token shape's first run outside graph capture times the
+  // kernel's configurations (loads in flight, threads per block) and keeps the fastest; untuned
+  // shapes run 8 loads in flight and 256 threads. The configurations give identical results.
+  void set_gemv_tuning(bool enabled) { tune_gemv_ = enabled; }
 
-  // Autotuning (off by default): a product shape's first run times up to `candidates` of
-  // cuBLASLt's heuristic algorithms (into a scratch output, so y is written once, by the chosen
-  // one) and keeps the fastest; 0 or 1 keeps the heuristic's first choice. Never tunes while the
-  // stream is being captured into a graph, nor when the scratch output cannot be allocated.
-  void set_autotune(int candidates) { autotune_candidates_ = candidates; }
+  // Autotuning (off by default): the first run of a product shape of at least `min_tokens` rows
+  // times up to `candidates` of cuBLASLt's heuristic algorithms (into a scratch output, so y is
+  // written once, by the chosen one) and keeps the fastest unless the heuristic's first choice is
+  // within 3% of it; 0 or 1 keeps the heuristic's choice. Never tunes while the stream is being
+  // captured into a graph, nor when the scratch output cannot be allocated. Algorithms sum in
+  // different orders, so a tuned product may differ from the untuned one in the last bits.
+  void set_autotune(int candidates, int64_t min_tokens = 1) {
+    autotune_candidates_ = candidates;
+    autotune_min_tokens_ = min_tokens;
+  }
 
   cudaStream_t stream() const { return stream_; }
 
@@ -49,19 +59,24 @@ class Blas {
   Plan& plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride, bool fp32_out);
   void run(Plan& plan, const bf16* x, const bf16* w, void* y, bool accumulate);
   void tune(Plan& plan, const bf16* x, const bf16* w);
+  std::pair<int, int> gemv_configuration(const bf16* x, int64_t in, const bf16* w, int64_t out,
+                                         bool fp32_out, bool accumulate);
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer<uint8_t> workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, Plan*> plans_;
   bool gemv_ = true;
+  bool tune_gemv_ = false;
+  std::map<std::tuple<int64_t, int64_t, bool, bool>, std::pair<int, int>> gemv_configurations_;
   int autotune_candidates_ = 0;
+  int64_t autotune_min_tokens_ = 1;
 };
 
 // The single-token product y (+)= x * w^T through the GEMV kernel with an explicit configuration,
 // for tuning benchmarks: `in_flight` (4, 8 or 16) 16-byte weight loads per lane before each wait,
 // `threads` (a multiple of 32, at most 1024) per block, one warp per output row. Blas::linear runs
-// 8 and 256. Throws Error on any other configuration or when the operands do not fit the kernel.
+// 8 and 256 untuned. Throws Error on any other configuration or when the operands do not fit.
 void gemv_with_config(const bf16* x, const bf16* w, int64_t in, int64_t out, float* y,
                       bool accumulate, int in_flight, int threads, cudaStream_t stream = nullptr);
 
