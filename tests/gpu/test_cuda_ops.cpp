@@ -272,6 +272,34 @@ TEST(CudaOps, RopeMatchesCpuForHalvesPairsAndPartialRotation) {
                      rotary_dim, adjacent, nullptr);
     EXPECT_LE(worst_excess(download_bf16(x_gpu), expected, kBf16Relative), 1e-5)
         << (adjacent ? "adjacent pairs" : "halves") << ", rotary_dim " << rotary_dim;
+
+    // The first q_heads heads written elsewhere (whole-head rotation straight from the kernel,
+    // partial rotation through a copy): the same values, and the rest rotated in place.
+    const int q_heads = 4, q_stride = q_heads * head_dim + 64;
+    auto fused_gpu = upload_bf16(x);
+    cuda::DeviceBuffer<cuda::bf16> q_out(static_cast<size_t>(tokens) * q_stride);
+    gpu_test::poison(q_out);
+    cuda::apply_rope_queries_out(fused_gpu.data(), tokens, heads, head_dim, stride, cos_gpu.data(),
+                                 sin_gpu.data(), rotary_dim, adjacent, q_heads, q_out.data(),
+                                 q_stride, nullptr);
+    const auto queries = download_bf16(q_out);
+    const auto fused = download_bf16(fused_gpu);
+    std::vector<float> got_queries, want_queries, got_keys, want_keys;
+    for (int t = 0; t < tokens; ++t) {
+      for (int i = 0; i < heads * head_dim; ++i) {
+        if (i < q_heads * head_dim) {
+          got_queries.push_back(queries[static_cast<size_t>(t) * q_stride + i]);
+          want_queries.push_back(expected[static_cast<size_t>(t) * stride + i]);
+        } else {
+          got_keys.push_back(fused[static_cast<size_t>(t) * stride + i]);
+          want_keys.push_back(expected[static_cast<size_t>(t) * stride + i]);
+        }
+      }
+    }
+    EXPECT_LE(worst_excess(got_queries, want_queries, kBf16Relative), 1e-5)
+        << "queries out, rotary_dim " << rotary_dim;
+    EXPECT_LE(worst_excess(got_keys, want_keys, kBf16Relative), 1e-5)
+        << "keys in place, rotary_dim " << rotary_dim;
   }
 }
 

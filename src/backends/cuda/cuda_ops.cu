@@ -203,9 +203,12 @@ __global__ void swiglu_vector_kernel(const uint4* gate, const uint4* up, int64_t
 
 // Four pairs per thread, rows (tokens) along the grid's y: 8-byte loads of each half (16 bytes of
 // adjacent pairs) and float4 angles, for rotary halves that are a multiple of 4 wide.
+// With q_out, the first q_heads heads are written there (rows q_out_stride apart) instead of in
+// place; the caller ensures the rotation covers whole heads.
 __global__ void rope_vector_kernel(bf16* x, int64_t tokens, int heads, int head_dim,
                                    int64_t token_stride, const float* cos, const float* sin,
-                                   int half, bool adjacent_pairs, const int* device_position) {
+                                   int half, bool adjacent_pairs, const int* device_position,
+                                   bf16* q_out, int64_t q_out_stride, int q_heads) {
   wait_for_prerequisite_grids();
   allow_dependent_launch();
   const int groups = half / 4;
@@ -214,8 +217,12 @@ __global__ void rope_vector_kernel(bf16* x, int64_t tokens, int heads, int head_
   const int head_index = item / groups;
   const int pair = (item % groups) * 4;
   const int64_t offset = device_position != nullptr ? *device_position : 0;
+  const bool elsewhere = q_out != nullptr && head_index < q_heads;
   for (int64_t token = blockIdx.y; token < tokens; token += gridDim.y) {
-    bf16* head = x + token * token_stride + static_cast<int64_t>(head_index) * head_dim;
+    const bf16* head = x + token * token_stride + static_cast<int64_t>(head_index) * head_dim;
+    bf16* target = elsewhere
+                       ? q_out + token * q_out_stride + static_cast<int64_t>(head_index) * head_dim
+                       : x + token * token_stride + static_cast<int64_t>(head_index) * head_dim;
     const int64_t angle_row = (token + offset) * half + pair;
     const float4 c = *reinterpret_cast<const float4*>(cos + angle_row);
     const float4 s = *reinterpret_cast<const float4*>(sin + angle_row);
@@ -255,7 +262,7 @@ __global__ void rope_vector_kernel(bf16* x, int64_t tokens, int heads, int head_
       __nv_bfloat162* p2 = reinterpret_cast<__nv_bfloat162*>(&packed);
 #pragma unroll
       for (int i = 0; i < 4; ++i) p2[i] = __floats2bfloat162_rn(ra[i], rb[i]);
-      *reinterpret_cast<uint4*>(head + 2 * pair) = packed;
+      *reinterpret_cast<uint4*>(target + 2 * pair) = packed;
     } else {
       uint2 first, second;
       __nv_bfloat162* f2 = reinterpret_cast<__nv_bfloat162*>(&first);
@@ -265,8 +272,8 @@ __global__ void rope_vector_kernel(bf16* x, int64_t tokens, int heads, int head_
         f2[i] = __floats2bfloat162_rn(ra[2 * i], ra[2 * i + 1]);
         s2[i] = __floats2bfloat162_rn(rb[2 * i], rb[2 * i + 1]);
       }
-      *reinterpret_cast<uint2*>(head + pair) = first;
-      *reinterpret_cast<uint2*>(head + pair + half) = second;
+      *reinterpret_cast<uint2*>(target + pair) = first;
+      *reinterpret_cast<uint2*>(target + pair + half) = second;
     }
   }
 }
@@ -839,22 +846,61 @@ void swiglu(const bf16* gate, const bf16* up, int64_t rows, int64_t width, int64
                    dim3(kThreads), 0, stream, gate, up, rows, width, in_stride, out);
 }
 
+namespace {
+
+bool rope_vectors_fit(const bf16* x, int64_t heads, int64_t head_dim, int64_t token_stride,
+                      const float* cos, const float* sin, int64_t half) {
+  return half % 4 == 0 && head_dim % 8 == 0 && token_stride % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(cos) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(sin) % 16 == 0 && heads * half < (1 << 30);
+}
+
+void launch_rope_vectors(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim,
+                         int64_t token_stride, const float* cos, const float* sin, int64_t half,
+                         bool adjacent_pairs, cudaStream_t stream, const int* device_position,
+                         bf16* q_out, int64_t q_out_stride, int64_t q_heads) {
+  const dim3 grid(blocks_for(heads * half / 4, kThreads),
+                  static_cast<unsigned>(std::min<int64_t>(tokens, kMaxGridY)));
+  launch_dependent("apply_rope", rope_vector_kernel, grid, dim3(kThreads), 0, stream, x, tokens,
+                   static_cast<int>(heads), static_cast<int>(head_dim), token_stride, cos, sin,
+                   static_cast<int>(half), adjacent_pairs, device_position, q_out, q_out_stride,
+                   static_cast<int>(q_heads));
+}
+
+}  // namespace
+
+void apply_rope_queries_out(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim,
+                            int64_t token_stride, const float* cos, const float* sin,
+                            int64_t rotary_dim, bool adjacent_pairs, int64_t q_heads, bf16* q_out,
+                            int64_t q_out_stride, cudaStream_t stream) {
+  if (tokens * heads == 0) return;
+  const int64_t half = rotary_dim / 2;
+  const bool direct = rotary_dim == head_dim && q_out_stride % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(q_out) % 16 == 0 &&
+                      rope_vectors_fit(x, heads, head_dim, token_stride, cos, sin, half);
+  if (direct) {
+    launch_rope_vectors(x, tokens, heads, head_dim, token_stride, cos, sin, half, adjacent_pairs,
+                        stream, nullptr, q_out, q_out_stride, q_heads);
+    return;
+  }
+  // Partial rotation or unaligned rows: rotate in place, then copy the queries out.
+  apply_rope(x, tokens, heads, head_dim, token_stride, cos, sin, rotary_dim, adjacent_pairs,
+             stream);
+  check(cudaMemcpy2DAsync(q_out, sizeof(bf16) * q_out_stride, x, sizeof(bf16) * token_stride,
+                          sizeof(bf16) * q_heads * head_dim, tokens, cudaMemcpyDeviceToDevice,
+                          stream),
+        "rotated queries");
+}
+
 void apply_rope(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t token_stride,
                 const float* cos, const float* sin, int64_t rotary_dim, bool adjacent_pairs,
                 cudaStream_t stream, const int* device_position) {
   const int64_t half = rotary_dim / 2;
   const int64_t pairs = tokens * heads * half;
   if (pairs == 0) return;
-  const bool vectors = half % 4 == 0 && head_dim % 8 == 0 && token_stride % 8 == 0 &&
-                       reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(cos) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(sin) % 16 == 0 && heads * half < (1 << 30);
-  if (vectors) {
-    const dim3 grid(blocks_for(heads * half / 4, kThreads),
-                    static_cast<unsigned>(std::min<int64_t>(tokens, kMaxGridY)));
-    launch_dependent("apply_rope", rope_vector_kernel, grid, dim3(kThreads), 0, stream, x, tokens,
-                     static_cast<int>(heads), static_cast<int>(head_dim), token_stride, cos, sin,
-                     static_cast<int>(half), adjacent_pairs, device_position);
+  if (rope_vectors_fit(x, heads, head_dim, token_stride, cos, sin, half)) {
+    launch_rope_vectors(x, tokens, heads, head_dim, token_stride, cos, sin, half, adjacent_pairs,
+                        stream, device_position, nullptr, 0, 0);
     return;
   }
   launch_dependent("apply_rope", rope_kernel, dim3(blocks_for(pairs, kThreads)), dim3(kThreads), 0,

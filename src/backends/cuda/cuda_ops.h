@@ -115,6 +115,13 @@ void swiglu(const bf16* gate, const bf16* up, int64_t rows, int64_t width, int64
 void apply_rope(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t token_stride,
                 const float* cos, const float* sin, int64_t rotary_dim, bool adjacent_pairs,
                 cudaStream_t stream, const int* device_position = nullptr);
+// The same over fused q/k rows whose first q_heads heads are queries, writing the rotated queries
+// to q_out (rows q_out_stride apart) instead of in place; the other heads rotate in place. Saves
+// the copy of the queries out of the fused rows that layer-by-layer prefill needs.
+void apply_rope_queries_out(bf16* x, int64_t tokens, int64_t heads, int64_t head_dim,
+                            int64_t token_stride, const float* cos, const float* sin,
+                            int64_t rotary_dim, bool adjacent_pairs, int64_t q_heads, bf16* q_out,
+                            int64_t q_out_stride, cudaStream_t stream);
 
 // Copies keys and values of `tokens` new tokens ([t][kv_heads][head_dim] with rows token_stride
 // apart) into head-major caches ([kv_heads][cache_stride][head_dim]) at rows first_position.. (or

@@ -617,7 +617,7 @@ struct CudaTransformer::State {
   // fused q/k/v product (into `qkv`), bias, q/k norm and RoPE. Positions first.. (or, with
   // device_position, one token at the position stored there; cos/sin are then the whole tables).
   void enqueue_qkv(Layer& layer, const float* rows, int64_t m, const float* cos, const float* sin,
-                   const int* device_position_pointer) {
+                   const int* device_position_pointer, bf16* q_out = nullptr) {
     const ModelConfig& c = config;
     {
       const auto timed = stages.scope(Stage::kNorms, stream);
@@ -637,9 +637,16 @@ struct CudaTransformer::State {
       head_rms_norm(k, m, c.num_kv_heads, w.head_dim, w.qkv, layer.k_norm.data(), c.rms_norm_eps,
                     stream);
     }
-    // The key heads follow the query heads in each fused row: one launch rotates both.
-    apply_rope(q, m, c.num_heads + c.num_kv_heads, w.head_dim, w.qkv, cos, sin, 2 * w.half_rotary,
-               c.rope.rotate_adjacent_pairs, stream, device_position_pointer);
+    // The key heads follow the query heads in each fused row: one launch rotates both (and with
+    // q_out writes the rotated queries there, rows w.q apart).
+    if (q_out != nullptr) {
+      apply_rope_queries_out(q, m, c.num_heads + c.num_kv_heads, w.head_dim, w.qkv, cos, sin,
+                             2 * w.half_rotary, c.rope.rotate_adjacent_pairs, c.num_heads, q_out,
+                             w.q, stream);
+    } else {
+      apply_rope(q, m, c.num_heads + c.num_kv_heads, w.head_dim, w.qkv, cos, sin, 2 * w.half_rotary,
+                 c.rope.rotate_adjacent_pairs, stream, device_position_pointer);
+    }
   }
 
   // The second half over m rows: output projection added to the residual rows, then the MLP.
@@ -890,20 +897,17 @@ struct CudaTransformer::State {
       bf16* cache_values = compress_in_prefill ? scratch_values.data() : layer.values.data();
       for (int64_t t0 = 0; t0 < n; t0 += step) {
         const int64_t m = std::min<int64_t>(step, n - t0);
+        // The rotated queries go straight to the layer's prompt-wide query rows.
+        bf16* q = prompt_q.data() + t0 * w.q;
         enqueue_qkv(layer, prompt_hidden.data() + t0 * w.hidden, m, cos_table + t0 * w.half_rotary,
-                    sin_table + t0 * w.half_rotary, nullptr);
-        const bf16* q = qkv.data();
+                    sin_table + t0 * w.half_rotary, nullptr, q);
         const bf16* k = qkv.data() + w.q;
         const bf16* v = qkv.data() + w.q + w.kv;
         {
           const auto timed = stages.scope(Stage::kCacheWrites, stream);
           append_kv(k, v, m, w.qkv, config.num_kv_heads, w.head_dim, cache_keys, cache_values,
                     context, t0, stream);
-          check(cudaMemcpy2DAsync(prompt_q.data() + t0 * w.q, sizeof(bf16) * w.q, q,
-                                  sizeof(bf16) * w.qkv, sizeof(bf16) * w.q, m,
-                                  cudaMemcpyDeviceToDevice, stream),
-                "prompt queries");
-          record_window(index, q, w.qkv, t0, m);
+          record_window(index, q, w.q, t0, m);
         }
         if (estimator) {
           estimate_timer.start(stream);
