@@ -48,6 +48,34 @@ status=0
 summary=()
 step_failed() { summary+=("FAILED: $1"); status=1; }
 section() { printf '\n==== %s\n' "$1" >> "${log}"; }
+# SM clock, power and throttle reasons every 200 ms while a step runs (the H200 holds its 700 W cap
+# by lowering the clock under long runs of matrix products), summarised into the log afterwards.
+power_log_pid=""
+start_power_log() {
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active \
+    --format=csv,noheader,nounits -lms 200 > "${out}/$1-power.csv" 2>/dev/null &
+  power_log_pid=$!
+}
+stop_power_log() {
+  [[ -n "${power_log_pid}" ]] && kill "${power_log_pid}" 2>/dev/null
+  power_log_pid=""
+  python3 - "${out}/$1-power.csv" <<'PY' | tee -a "${log}"
+import statistics, sys
+rows = []
+for line in open(sys.argv[1]):
+    parts = [p.strip() for p in line.split(",")]
+    try:
+        rows.append((float(parts[1]), float(parts[2]), int(parts[3], 16)))
+    except (IndexError, ValueError):
+        pass
+busy = [r for r in rows if r[1] > 200]  # samples with work on the GPU
+if busy:
+    capped = sum(1 for r in busy if r[2] & 0x4) / len(busy)
+    print(f"power while busy ({len(busy)} samples of 200 ms): median {statistics.median(r[1] for r in busy):.0f} W, "
+          f"SM clock median {statistics.median(r[0] for r in busy):.0f} MHz (min {min(r[0] for r in busy):.0f}), "
+          f"power cap holding the clock down in {100 * capped:.0f}% of them")
+PY
+}
 
 section machine
 {
@@ -201,9 +229,11 @@ if [[ "${steps}" == *",methods,"* && -x "${build}/entropyinfer" ]]; then
   section methods
   stage_flag=""
   [[ "${METHOD_STAGE_TIMES:-0}" == 1 ]] && stage_flag="--stage-times"
+  start_power_log methods
   timeout -k 10 420 "${build}/entropyinfer" bench --device cuda --random-model llama-3.1-8b \
     -p "${method_lengths}" -n "${new_tokens}" -r 1 --methods "${methods}" ${stage_flag} \
     --json "${out}/methods-ours.json" 2>&1 | tee -a "${log}" || step_failed "methods benchmark"
+  stop_power_log methods
   if [[ "${METHODS_HF:-1}" == 1 ]]; then
     timeout -k 10 420 python3 "${repo_root}/bench/gpu/hf_reference.py" --prefill "${method_lengths}" \
       --decode-contexts "" --e2e "${method_lengths}" --new-tokens "${new_tokens}" \
