@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "eval/eval_report.h"
+#include "expect_error.h"
 #include "test_support.h"
 
 namespace entropyinfer::eval {
@@ -221,12 +222,8 @@ TEST(EvalReport, JsonRoundTripKeepsEveryField) {
 TEST(EvalReport, JsonMissingFieldIsOneClearError) {
   nlohmann::json json = eval_report_to_json(fake_report());
   json["runs"][1]["samples"][0].erase("score");
-  try {
-    eval_report_from_json(json);
-    FAIL() << "expected an Error";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("'score'"), std::string::npos) << error.what();
-  }
+  testing::expect_error_naming([&] { eval_report_from_json(json); }, {"'score'"},
+                               "a sample without its score");
   json = eval_report_to_json(fake_report());
   json["lengths"] = "1024";
   EXPECT_THROW(eval_report_from_json(json), Error);

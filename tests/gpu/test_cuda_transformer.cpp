@@ -15,6 +15,7 @@
 
 #include "backends/cuda/cuda_transformer.h"
 #include "engine/transformer.h"
+#include "expect_error.h"
 #include "gpu/gpu_test_support.h"
 #include "gpu/model_test_support.h"
 #include "model/random_model.h"
@@ -94,12 +95,8 @@ TEST(CudaTransformer, GreedyTokenIsTheLargestLogitAndErrorsAreClear) {
   huge.max_position_embeddings = 1 << 30;
   cuda::CudaModelOptions huge_options;
   huge_options.context_length = 1 << 30;
-  try {
-    cuda::CudaTransformer too_big(huge, 1, huge_options);
-    FAIL() << "a 2^30-token cache fitted";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("free"), std::string::npos) << error.what();
-  }
+  testing::expect_error_naming([&] { cuda::CudaTransformer too_big(huge, 1, huge_options); },
+                               {"free"}, "a 2^30-token cache");
 }
 
 }  // namespace

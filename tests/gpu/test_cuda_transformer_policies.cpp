@@ -24,6 +24,7 @@
 
 #include "backends/cuda/cuda_transformer.h"
 #include "engine/transformer.h"
+#include "expect_error.h"
 #include "gpu/gpu_test_support.h"
 #include "gpu/model_test_support.h"
 
@@ -334,22 +335,13 @@ TEST(CudaTransformerPolicies, CompressingDuringThePrefillRefusesWhatItCannotDo) 
   options.compress_during_prefill = true;
   for (DecodeMethod method : {DecodeMethod::kFull, DecodeMethod::kLatent}) {
     options.attention.decode = method;
-    try {
-      cuda::CudaTransformer model(weights, options);
-      FAIL() << decode_method_name(method) << " was accepted";
-    } catch (const Error& error) {
-      EXPECT_NE(std::string(error.what()).find("compress_during_prefill"), std::string::npos)
-          << error.what();
-    }
+    testing::expect_error_naming([&] { cuda::CudaTransformer model(weights, options); },
+                                 {"compress_during_prefill"}, decode_method_name(method));
   }
   options.attention.decode = DecodeMethod::kSnapKV;
   cuda::CudaTransformer model(weights, options);
-  try {
-    model.forward(std::vector<int32_t>{1});
-    FAIL() << "a one-token prompt was accepted";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("whole"), std::string::npos) << error.what();
-  }
+  testing::expect_error_naming([&] { model.forward(std::vector<int32_t>{1}); }, {"whole"},
+                               "a one-token prompt");
   // Still usable: a whole prompt goes through.
   EXPECT_EQ(model.forward(test_prompt(100, config.vocab_size)).size(),
             static_cast<size_t>(config.vocab_size));
@@ -363,12 +355,8 @@ TEST(CudaTransformerPolicies, InvalidAttentionSettingsAreOneClearError) {
   options.context_length = 256;
   options.attention.prefill = PrefillMethod::kEntropy;
   options.attention.prefill_params.segment_size = 60;  // not a multiple of the block size
-  try {
-    cuda::CudaTransformer model(weights, options);
-    FAIL() << "a segment of 60 with blocks of 8 was accepted";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("segment"), std::string::npos) << error.what();
-  }
+  testing::expect_error_naming([&] { cuda::CudaTransformer model(weights, options); }, {"segment"},
+                               "a segment of 60 with blocks of 8");
 }
 
 }  // namespace
