@@ -770,24 +770,29 @@ void gemv_with_config(const bf16* x, const bf16* w, int64_t in, int64_t out, flo
 void rms_norm(const float* x, const float* weight, int64_t rows, int64_t size, float eps, bf16* out,
               cudaStream_t stream) {
   if (rows == 0) return;
-  const dim3 grid(static_cast<unsigned>(rows)), block(kRowNormThreads);
+  // The vector kernel with just enough float4s per thread for the row, else the plain one.
+  void (*kernel)(const float*, const float*, int64_t, float, bf16*, int64_t, int64_t) =
+      rms_norm_kernel<float>;
+  dim3 block(norm_threads(size));
   switch (rms_norm_vectors(x, weight, size, out, size, size)) {
     case 2:
-      return launch_dependent("rms_norm", rms_norm_vector_kernel<2>, grid, block, 0, stream, x,
-                              weight, size, eps, out, size, size);
+      kernel = rms_norm_vector_kernel<2>;
+      break;
     case 4:
-      return launch_dependent("rms_norm", rms_norm_vector_kernel<4>, grid, block, 0, stream, x,
-                              weight, size, eps, out, size, size);
+      kernel = rms_norm_vector_kernel<4>;
+      break;
     case 8:
-      return launch_dependent("rms_norm", rms_norm_vector_kernel<8>, grid, block, 0, stream, x,
-                              weight, size, eps, out, size, size);
+      kernel = rms_norm_vector_kernel<8>;
+      break;
     case 16:
-      return launch_dependent("rms_norm", rms_norm_vector_kernel<16>, grid, block, 0, stream, x,
-                              weight, size, eps, out, size, size);
+      kernel = rms_norm_vector_kernel<16>;
+      break;
     default:
-      launch_dependent("rms_norm", rms_norm_kernel<float>, grid, dim3(norm_threads(size)), 0,
-                       stream, x, weight, size, eps, out, size, size);
+      break;
   }
+  if (kernel != rms_norm_kernel<float>) block = dim3(kRowNormThreads);
+  launch_dependent("rms_norm", kernel, dim3(static_cast<unsigned>(rows)), block, 0, stream, x,
+                   weight, size, eps, out, size, size);
 }
 
 void rms_norm(const bf16* x, const float* weight, int64_t rows, int64_t size, float eps, bf16* out,
