@@ -443,9 +443,9 @@ struct CudaTransformer::State {
     if (decode_room < 1) throw Error("decode_room must be at least 1 token");
     // Products over a whole chunk take the fastest of cuBLASLt's first eight algorithms, timed on
     // their first run (bench_gemm at 16k tokens: 2-11% faster than the heuristic's choice on three
-    // of the four products). A
-    // prompt's shorter last chunk keeps the heuristic's choice, so a new prompt length never stops
-    // to tune. Single-token products take the GEMV configuration measured fastest for the shape.
+    // of the four products). A prompt's shorter last chunk keeps the heuristic's choice, so a new
+    // prompt length never stops to tune. Single-token products take the GEMV configuration
+    // measured fastest for the shape.
     const int64_t whole_chunk = sparse_prefill(attention)
                                     ? layer_major_chunk(chunk, attention.prefill_params.block_size)
                                     : chunk;
