@@ -245,6 +245,10 @@ if [[ "${steps}" == *",methods,"* && -x "${build}/entropyinfer" ]]; then
     python3 "${repo_root}/bench/gpu/methods_report.py" --ours "${out}/methods-ours.json" "${hf_args[@]}" \
       --markdown "${out}/methods.md" --json "${out}/methods.json" > /dev/null &&
       rm -f "${out}/methods-ours.json" "${out}/methods-hf.json"  # merged into methods.json
+    if [[ -n "${stage_flag}" && -f "${out}/methods.json" ]]; then
+      python3 "${repo_root}/bench/gpu/stage_plot.py" --methods "${out}/methods.json" \
+        --svg "${out}/prefill-by-part.svg" || step_failed "prefill plot"
+    fi
   fi
 fi
 
