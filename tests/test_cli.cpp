@@ -82,6 +82,13 @@ TEST(Cli, BenchDeviceAndMethodErrorsAreClear) {
   expect_error(run_cli("bench --random-model llama-100m -p 64 --methods entropy"), "--methods");
   expect_error(run_cli("bench --random-model no-such-shape -p 64"), "no-such-shape");
   expect_error(run_cli("bench --random-model llama-100m -p 64 --stage-times"), "--stage-times");
+  // Nonsense lengths are refused before any model is built, on either device.
+  for (const char* device : {"cpu", "cuda"}) {
+    const std::string base = std::string("bench --device ") + device + " --random-model llama-100m";
+    expect_error(run_cli(base + " -p 0"), "at least 1 token, not 0");
+    expect_error(run_cli(base + " -p 64,-5"), "not -5");
+    expect_error(run_cli(base + " -p 64 --chunk 0"), "--chunk");
+  }
 }
 
 TEST(Cli, TokenizePrintsIds) {

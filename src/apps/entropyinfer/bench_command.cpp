@@ -118,7 +118,26 @@ double weight_bytes_per_token(const ModelWeights& weights) {
   return total * sizeof(float);
 }
 
+// What is wrong with the flags both devices share, before any model is built or bandwidth measured.
+void check_common_flags(const BenchArgs& args) {
+  if (args.prompt_tokens.empty()) throw Error("-p/--prompt-tokens: give at least one length");
+  for (const int length : args.prompt_tokens) {
+    if (length < 1) {
+      throw Error("-p/--prompt-tokens: a prompt needs at least 1 token, not " +
+                  std::to_string(length));
+    }
+  }
+  if (args.decode_tokens < 1 || args.repetitions < 1) {
+    throw Error("--decode-tokens and --repetitions must be >= 1");
+  }
+  if (args.chunk_tokens < 1) {
+    throw Error("--chunk must be >= 1 prompt token per pass, not " +
+                std::to_string(args.chunk_tokens));
+  }
+}
+
 void run_bench(const BenchArgs& args) {
+  check_common_flags(args);
   if (args.device == "cuda") {
     run_bench_on_cuda(args);
     return;
@@ -133,9 +152,6 @@ void run_bench(const BenchArgs& args) {
     throw Error("--stage-times: the breakdown is of GPU prefills (--device cuda)");
   if (args.model.empty() == args.random_model.empty()) {
     throw Error("give exactly one of --model or --random-model");
-  }
-  if (args.decode_tokens < 1 || args.repetitions < 1) {
-    throw Error("--decode-tokens and --repetitions must be >= 1");
   }
   ModelWeights weights = args.model.empty()
                              ? make_random_model(random_model_config(args.random_model), 1234)
@@ -153,7 +169,7 @@ void run_bench(const BenchArgs& args) {
   std::mt19937 generator(7);
   std::uniform_int_distribution<int32_t> token(0, config.vocab_size - 1);
   for (int prompt_length : args.prompt_tokens) {
-    if (prompt_length < 1 || prompt_length + args.decode_tokens > config.max_position_embeddings) {
+    if (prompt_length + args.decode_tokens > config.max_position_embeddings) {
       throw Error("prompt of " + std::to_string(prompt_length) + " tokens plus " +
                   std::to_string(args.decode_tokens) + " decoded does not fit the model's " +
                   std::to_string(config.max_position_embeddings) + "-token context");
