@@ -120,6 +120,9 @@ double weight_bytes_per_token(const ModelWeights& weights) {
 
 // What is wrong with the flags both devices share, before any model is built or bandwidth measured.
 void check_common_flags(const BenchArgs& args) {
+  if (args.model.empty() == args.random_model.empty()) {
+    throw Error("give exactly one of --model or --random-model");
+  }
   if (args.prompt_tokens.empty()) throw Error("-p/--prompt-tokens: give at least one length");
   for (const int length : args.prompt_tokens) {
     if (length < 1) {
@@ -150,9 +153,6 @@ void run_bench(const BenchArgs& args) {
   }
   if (args.stage_times)
     throw Error("--stage-times: the breakdown is of GPU prefills (--device cuda)");
-  if (args.model.empty() == args.random_model.empty()) {
-    throw Error("give exactly one of --model or --random-model");
-  }
   ModelWeights weights = args.model.empty()
                              ? make_random_model(random_model_config(args.random_model), 1234)
                              : load_model_with_progress(args.model);

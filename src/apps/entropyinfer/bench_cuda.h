@@ -26,7 +26,8 @@ struct CudaBenchArgs {
   std::string command_line;  // recorded in the results
 };
 
-// Throws Error when this build has no CUDA backend or no GPU is present.
+// Throws Error when this build has no CUDA backend or no GPU is present. The flags it shares with
+// the CPU bench are checked by the caller (bench_command.cpp) before this runs.
 void run_cuda_bench(const CudaBenchArgs& args);
 
 }  // namespace entropyinfer::cli
