@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cfloat>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -101,18 +102,24 @@ __global__ void rms_norm_vector_kernel(const float* x, const float* weight, int6
   }
 }
 
-// The float4s per thread the vector kernel needs for rows of `size`, or 0 when it does not apply.
-int rms_norm_vectors(const float* x, const float* weight, int64_t size, const bf16* out,
-                     int64_t x_stride, int64_t out_stride) {
-  const bool aligned = size % 4 == 0 && x_stride % 4 == 0 && out_stride % 4 == 0 &&
-                       reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+using RowNormKernel = void (*)(const float*, const float*, int64_t, float, bf16*, int64_t, int64_t);
+
+// The vector kernel with just enough float4s per thread for contiguous rows of `size`, or nullptr
+// when it does not apply (unaligned operands, or rows wider than 16 float4s per thread).
+RowNormKernel rms_norm_vector_kernel_for(const float* x, const float* weight, int64_t size,
+                                         const bf16* out) {
+  const bool aligned = size % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(weight) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(out) % 8 == 0;
-  if (!aligned) return 0;
-  for (int vectors : {2, 4, 8, 16}) {
-    if (size <= int64_t{4} * kRowNormThreads * vectors) return vectors;
+  if (!aligned) return nullptr;
+  static const std::pair<int, RowNormKernel> kernels[] = {{2, rms_norm_vector_kernel<2>},
+                                                          {4, rms_norm_vector_kernel<4>},
+                                                          {8, rms_norm_vector_kernel<8>},
+                                                          {16, rms_norm_vector_kernel<16>}};
+  for (const auto& [vectors, kernel] : kernels) {
+    if (size <= int64_t{4} * kRowNormThreads * vectors) return kernel;
   }
-  return 0;
+  return nullptr;
 }
 
 int norm_threads(int64_t size) {
@@ -530,6 +537,26 @@ constexpr int kThreads = 256;
 constexpr int kTuneRuns = 9;
 constexpr float kTuneMargin = 0.03f;
 
+namespace {
+
+// Tuning never runs while the stream is being captured into a graph (it synchronises).
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  return capture != cudaStreamCaptureStatusNone;
+}
+
+// The median of kTuneRuns timed runs of `launch` (a candidate, already run once untimed).
+float median_run_ms(EventStopwatch& stopwatch, cudaStream_t stream,
+                    const std::function<void()>& launch) {
+  float times[kTuneRuns];
+  for (float& ms : times) ms = stopwatch.time_ms(stream, launch);
+  std::sort(times, times + kTuneRuns);
+  return times[kTuneRuns / 2];
+}
+
+}  // namespace
+
 struct Blas::Plan {
   cublasLtMatmulDesc_t operation = nullptr;
   cublasLtMatrixLayout_t weight_layout = nullptr, input_layout = nullptr, output_layout = nullptr;
@@ -621,9 +648,7 @@ Blas::Plan& Blas::plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_st
 // margin an earlier version picked a candidate 8% slower than the heuristic's in steady use.
 void Blas::tune(Plan& plan, const bf16* x, const bf16* w) {
   const int count = std::exchange(plan.candidate_count, 0);  // tuned at most once, whatever happens
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
-  if (capture != cudaStreamCaptureStatusNone) return;
+  if (capturing(stream_)) return;
   DeviceBuffer<uint8_t> scratch_buffer;
   try {
     scratch_buffer.allocate(plan.output_bytes);
@@ -644,10 +669,7 @@ void Blas::tune(Plan& plan, const bf16* x, const bf16* w) {
                             stream_);
     };
     if (launch() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate may refuse these operands
-    float times[kTuneRuns];
-    for (float& ms : times) ms = stopwatch.time_ms(stream_, [&] { launch(); });
-    std::sort(times, times + kTuneRuns);
-    const float median_ms = times[kTuneRuns / 2];
+    const float median_ms = median_run_ms(stopwatch, stream_, [&] { launch(); });
     if (best_ms == 0) {
       best_ms = median_ms;  // the heuristic's first choice (or the first that runs)
       plan.algorithm = algorithm;
@@ -702,10 +724,7 @@ std::pair<int, int> Blas::gemv_configuration(const bf16* x, int64_t in, const bf
   if (auto found = gemv_configurations_.find(key); found != gemv_configurations_.end())
     return found->second;
   const std::pair<int, int> fallback{kGemvInFlight, kGemvThreads};
-  if (!tune_gemv_) return fallback;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
-  if (capture != cudaStreamCaptureStatusNone) return fallback;  // tuned on an eager run
+  if (!tune_gemv_ || capturing(stream_)) return fallback;  // tuned on an eager run
   DeviceBuffer<float> scratch;
   try {
     scratch.allocate(static_cast<size_t>(out));
@@ -727,10 +746,7 @@ std::pair<int, int> Blas::gemv_configuration(const bf16* x, int64_t in, const bf
       }
     };
     launch();
-    float times[kTuneRuns];
-    for (float& ms : times) ms = stopwatch.time_ms(stream_, launch);
-    std::sort(times, times + kTuneRuns);
-    const float median_ms = times[kTuneRuns / 2];
+    const float median_ms = median_run_ms(stopwatch, stream_, launch);
     if (best_ms == 0 || median_ms < best_ms * (1.0f - kTuneMargin)) {  // the default first
       best_ms = median_ms;
       best = {in_flight, threads};
@@ -752,16 +768,10 @@ void gemv_with_config(const bf16* x, const bf16* w, int64_t in, int64_t out, flo
                 " must be a multiple of 8 and both operands 16-byte aligned");
   }
   if (out == 0) return;
-  switch (in_flight) {
-    case 4:
-      return launch_gemv_float<4>(x, w, in, out, y, accumulate, threads, stream);
-    case 8:
-      return launch_gemv_float<8>(x, w, in, out, y, accumulate, threads, stream);
-    case 16:
-      return launch_gemv_float<16>(x, w, in, out, y, accumulate, threads, stream);
-    default:
-      throw Error("gemv: " + std::to_string(in_flight) + " loads in flight; need 4, 8 or 16");
+  if (in_flight != 4 && in_flight != 8 && in_flight != 16) {
+    throw Error("gemv: " + std::to_string(in_flight) + " loads in flight; need 4, 8 or 16");
   }
+  launch_gemv_configured<float>(x, w, in, out, y, accumulate, in_flight, threads, stream);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -770,29 +780,11 @@ void gemv_with_config(const bf16* x, const bf16* w, int64_t in, int64_t out, flo
 void rms_norm(const float* x, const float* weight, int64_t rows, int64_t size, float eps, bf16* out,
               cudaStream_t stream) {
   if (rows == 0) return;
-  // The vector kernel with just enough float4s per thread for the row, else the plain one.
-  void (*kernel)(const float*, const float*, int64_t, float, bf16*, int64_t, int64_t) =
-      rms_norm_kernel<float>;
-  dim3 block(norm_threads(size));
-  switch (rms_norm_vectors(x, weight, size, out, size, size)) {
-    case 2:
-      kernel = rms_norm_vector_kernel<2>;
-      break;
-    case 4:
-      kernel = rms_norm_vector_kernel<4>;
-      break;
-    case 8:
-      kernel = rms_norm_vector_kernel<8>;
-      break;
-    case 16:
-      kernel = rms_norm_vector_kernel<16>;
-      break;
-    default:
-      break;
-  }
-  if (kernel != rms_norm_kernel<float>) block = dim3(kRowNormThreads);
-  launch_dependent("rms_norm", kernel, dim3(static_cast<unsigned>(rows)), block, 0, stream, x,
-                   weight, size, eps, out, size, size);
+  const RowNormKernel vector_kernel = rms_norm_vector_kernel_for(x, weight, size, out);
+  launch_dependent("rms_norm", vector_kernel ? vector_kernel : rms_norm_kernel<float>,
+                   dim3(static_cast<unsigned>(rows)),
+                   dim3(vector_kernel ? kRowNormThreads : norm_threads(size)), 0, stream, x, weight,
+                   size, eps, out, size, size);
 }
 
 void rms_norm(const bf16* x, const float* weight, int64_t rows, int64_t size, float eps, bf16* out,
