@@ -6,8 +6,11 @@
 # table last.
 #   OUT            output folder (the device run sets it)
 #   GPU_ROUND      what to run: comma-separated subset of
-#                  build,quality,tests,attention,sparse,model,methods,bench,gemm,capacity
-#                  (default: all but quality, gemm and capacity)
+#                  build,quality,tests,attention,sparse,model,methods,bench,gemm,tuning,capacity
+#                  (default: all but quality, gemm, tuning and capacity)
+#   TUNING_MODES   tuning: --gemm-tuning modes compared in-model, in this order (default
+#                  heuristic,burst,sustained); TUNING_METHODS (default entropy+latent,full),
+#                  TUNING_LENGTH (default 130816), TUNING_REPS (default 2)
 #   CAPACITY_METHODS (default full,entropy+snapkv), CAPACITY_PREFILL_SECONDS (default 300),
 #                  CAPACITY_TIMEOUT (default 560)
 #   TESTS_FILTER   GoogleTest filter of the GPU tests other than the Hopper kernel's (default *)
@@ -209,10 +212,25 @@ fi
 if [[ "${steps}" == *",gemm,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
   # The model's linear products through the engine's Blas, then torch on the same shapes.
   section gemm
-  timeout -k 10 120 "${build}/entropyinfer_gpu_bench" gemm --json "${out}/gemm-ours.json" 2>&1 |
+  timeout -k 10 240 "${build}/entropyinfer_gpu_bench" gemm --json "${out}/gemm-ours.json" 2>&1 |
     tee -a "${log}" || step_failed "GEMM benchmark"
   timeout -k 10 120 python3 "${repo_root}/bench/gpu/matmul_reference.py" --json "${out}/gemm-torch.json" 2>&1 |
     tee -a "${log}" || step_failed "torch matmul reference"
+fi
+
+if [[ "${steps}" == *",tuning,"* && -x "${build}/entropyinfer" ]]; then
+  # The same prefills under each way of choosing the products' algorithms, one process per mode
+  # (a model keeps the choices its first whole chunk made), with the GPU's power and clock.
+  section tuning
+  tuning_modes="${TUNING_MODES:-heuristic,burst,sustained}"
+  for mode in ${tuning_modes//,/ }; do
+    start_power_log "tuning-${mode}"
+    timeout -k 10 300 "${build}/entropyinfer" bench --device cuda --random-model llama-3.1-8b \
+      -p "${TUNING_LENGTH:-130816}" -n 16 -r "${TUNING_REPS:-2}" \
+      --methods "${TUNING_METHODS:-entropy+latent,full}" --gemm-tuning "${mode}" --stage-times \
+      --json "${out}/tuning-${mode}.json" 2>&1 | tee -a "${log}" || step_failed "tuning ${mode}"
+    stop_power_log "tuning-${mode}"
+  done
 fi
 
 if [[ "${steps}" == *",capacity,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then

@@ -55,8 +55,9 @@ int run_gemm_bench(int argc, char** argv) {
 
   cudaStream_t stream = nullptr;
   cuda::check(cudaStreamCreate(&stream), "cudaStreamCreate");
-  cuda::Blas blas(stream), tuned_blas(stream);
+  cuda::Blas blas(stream), tuned_blas(stream), sustained_blas(stream);
   tuned_blas.set_autotune(8);
+  sustained_blas.set_autotune(8, 1, cuda::Blas::TuneLoad::kSustained);
   nlohmann::json report;
   report["device"] = cuda::device_name();
   report["shape"] = shape_name;
@@ -91,9 +92,11 @@ int run_gemm_bench(int argc, char** argv) {
         bool gemv;
       };
       const std::vector<Variant> variants =
-          tokens == 1 ? std::vector<Variant>{{"gemv", &blas, true}, {"cublaslt", &blas, false}}
-                      : std::vector<Variant>{{"cublaslt", &blas, true},
-                                             {"cublaslt-autotuned", &tuned_blas, true}};
+          tokens == 1
+              ? std::vector<Variant>{{"gemv", &blas, true}, {"cublaslt", &blas, false}}
+              : std::vector<Variant>{{"cublaslt", &blas, true},
+                                     {"cublaslt-autotuned", &tuned_blas, true},
+                                     {"cublaslt-autotuned-sustained", &sustained_blas, true}};
       for (const Variant& variant : variants) {
         cuda::Blas& engine = *variant.engine;
         engine.set_gemv(variant.gemv);
@@ -134,6 +137,34 @@ int run_gemm_bench(int argc, char** argv) {
                                      {"weight_share_of_copy_bandwidth", weight_gbps / copy_gbps}});
       }
       blas.set_gemv(true);
+      if (tokens > 1) {
+        // Every candidate, timed both ways: a short burst (median of 9) and sustained (the mean
+        // over 60 ms of back-to-back runs after 60 ms of them), where the power cap sets the clock.
+        const auto burst =
+            blas.time_candidates(x.data(), tokens, product.in, w.data(), product.out,
+                                 product.accumulate, 8, cuda::Blas::TuneLoad::kBurst);
+        const auto sustained =
+            blas.time_candidates(x.data(), tokens, product.in, w.data(), product.out,
+                                 product.accumulate, 8, cuda::Blas::TuneLoad::kSustained);
+        const int burst_choice =
+            tuned_blas.chosen_candidate(tokens, product.in, product.out, product.accumulate);
+        const int sustained_choice =
+            sustained_blas.chosen_candidate(tokens, product.in, product.out, product.accumulate);
+        std::cout << "  candidates of " << product.name << " (ms burst / sustained; burst tuning "
+                  << "chose " << burst_choice << ", sustained tuning " << sustained_choice << "):";
+        for (size_t c = 0; c < burst.size(); ++c) {
+          std::cout << " [" << c << "] " << burst[c] << " / " << sustained[c];
+          report["candidates"].push_back(
+              {{"tokens", tokens},
+               {"product", product.name},
+               {"candidate", c},
+               {"burst_ms", burst[c]},
+               {"sustained_ms", sustained[c]},
+               {"chosen_by_burst", burst_choice == static_cast<int>(c)},
+               {"chosen_by_sustained", sustained_choice == static_cast<int>(c)}});
+        }
+        std::cout << "\n";
+      }
       if (tokens == 1) {
         // The GEMV's configurations (loads in flight per lane, threads per block), fp32 output.
         cuda::DeviceBuffer<float> y(static_cast<size_t>(product.out));

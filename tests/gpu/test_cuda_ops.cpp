@@ -83,30 +83,66 @@ TEST(CudaOps, LinearFp32OutputAccumulatesIntoStridedRows) {
 }
 
 // Autotuning runs the candidates into a scratch output: an accumulating product still adds its
-// result to y exactly once, and the products it chooses match the CPU.
+// result to y exactly once, and the products it chooses match the CPU, under either timing load.
 TEST(CudaOps, AutotunedProductsMatchCpuAndAccumulateOnce) {
   ENTROPYINFER_REQUIRE_GPU();
-  cuda::Blas blas;
-  blas.set_autotune(8);
-  for (auto [tokens, in, out] : {std::tuple{300, 512, 1536}, {64, 4096, 1000}}) {
-    const auto x = random_bf16_values(static_cast<size_t>(tokens) * in, 41, 1.0f);
-    const auto w = random_bf16_values(static_cast<size_t>(out) * in, 42, 1.0f / std::sqrt(in));
-    std::vector<float> product(static_cast<size_t>(tokens) * out);
-    cpu::linear(x.data(), tokens, in, w.data(), nullptr, out, product.data());
-    auto x_gpu = upload_bf16(x), w_gpu = upload_bf16(w);
-    cuda::DeviceBuffer<cuda::bf16> y_bf16(product.size());
-    gpu_test::poison(y_bf16);
-    blas.linear(x_gpu.data(), tokens, in, w_gpu.data(), out, y_bf16.data());
-    EXPECT_LE(worst_excess(download_bf16(y_bf16), product, kBf16Relative), 1e-3)
-        << tokens << "x" << in << "x" << out;
-    const auto initial = gpu_test::random_floats(product.size(), 43);
-    std::vector<float> expected = initial;
-    for (size_t i = 0; i < expected.size(); ++i) expected[i] += product[i];
-    auto y_fp32 = upload_floats(initial);
-    blas.linear(x_gpu.data(), tokens, in, w_gpu.data(), out, y_fp32.data(), /*accumulate=*/true);
-    EXPECT_LE(worst_excess(download_floats(y_fp32), expected, 1e-5), 1e-3)
-        << tokens << "x" << in << "x" << out;
+  for (const auto load : {cuda::Blas::TuneLoad::kBurst, cuda::Blas::TuneLoad::kSustained}) {
+    SCOPED_TRACE(load == cuda::Blas::TuneLoad::kBurst ? "burst" : "sustained");
+    cuda::Blas blas;
+    blas.set_autotune(8, 1, load);
+    for (auto [tokens, in, out] : {std::tuple{300, 512, 1536}, {64, 4096, 1000}}) {
+      const auto x = random_bf16_values(static_cast<size_t>(tokens) * in, 41, 1.0f);
+      const auto w = random_bf16_values(static_cast<size_t>(out) * in, 42, 1.0f / std::sqrt(in));
+      std::vector<float> product(static_cast<size_t>(tokens) * out);
+      cpu::linear(x.data(), tokens, in, w.data(), nullptr, out, product.data());
+      auto x_gpu = upload_bf16(x), w_gpu = upload_bf16(w);
+      cuda::DeviceBuffer<cuda::bf16> y_bf16(product.size());
+      gpu_test::poison(y_bf16);
+      blas.linear(x_gpu.data(), tokens, in, w_gpu.data(), out, y_bf16.data());
+      EXPECT_LE(worst_excess(download_bf16(y_bf16), product, kBf16Relative), 1e-3)
+          << tokens << "x" << in << "x" << out;
+      const auto initial = gpu_test::random_floats(product.size(), 43);
+      std::vector<float> expected = initial;
+      for (size_t i = 0; i < expected.size(); ++i) expected[i] += product[i];
+      auto y_fp32 = upload_floats(initial);
+      blas.linear(x_gpu.data(), tokens, in, w_gpu.data(), out, y_fp32.data(), /*accumulate=*/true);
+      EXPECT_LE(worst_excess(download_floats(y_fp32), expected, 1e-5), 1e-3)
+          << tokens << "x" << in << "x" << out;
+      const int chosen = blas.chosen_candidate(tokens, in, out, /*fp32_out=*/false);
+      EXPECT_GE(chosen, 0);
+      EXPECT_LT(chosen, 8);
+    }
   }
+}
+
+// The candidate sweep (bench_gemm's) times each algorithm without touching the plans products run
+// and without writing y: a product after it still accumulates exactly once.
+TEST(CudaOps, CandidateSweepTimesEachAlgorithmAndLeavesProductsAlone) {
+  ENTROPYINFER_REQUIRE_GPU();
+  cuda::Blas blas;
+  const int tokens = 256, in = 1024, out = 2048;
+  const auto x = random_bf16_values(static_cast<size_t>(tokens) * in, 61, 1.0f);
+  const auto w = random_bf16_values(static_cast<size_t>(out) * in, 62, 1.0f / std::sqrt(in));
+  auto x_gpu = upload_bf16(x), w_gpu = upload_bf16(w);
+  EXPECT_EQ(blas.chosen_candidate(tokens, in, out, true), -1);  // nothing has run yet
+  for (const auto load : {cuda::Blas::TuneLoad::kBurst, cuda::Blas::TuneLoad::kSustained}) {
+    const auto times =
+        blas.time_candidates(x_gpu.data(), tokens, in, w_gpu.data(), out, true, 4, load);
+    ASSERT_GE(times.size(), 1u);
+    ASSERT_LE(times.size(), 4u);
+    EXPECT_GT(times[0], 0.0f);  // the heuristic's first choice runs these operands
+    for (const float ms : times) EXPECT_TRUE(ms == -1.0f || (ms > 0.0f && ms < 100.0f)) << ms;
+  }
+  EXPECT_EQ(blas.chosen_candidate(tokens, in, out, true), -1);  // the sweep planned apart
+  std::vector<float> product(static_cast<size_t>(tokens) * out);
+  cpu::linear(x.data(), tokens, in, w.data(), nullptr, out, product.data());
+  const auto initial = gpu_test::random_floats(product.size(), 63);
+  std::vector<float> expected = initial;
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] += product[i];
+  auto y = upload_floats(initial);
+  blas.linear(x_gpu.data(), tokens, in, w_gpu.data(), out, y.data(), /*accumulate=*/true);
+  EXPECT_LE(worst_excess(download_floats(y), expected, 1e-5), 1e-3);
+  EXPECT_EQ(blas.chosen_candidate(tokens, in, out, true), 0);  // untuned: the heuristic's choice
 }
 
 // GEMV tuning times the configurations into a scratch output: the tuned product equals the untuned

@@ -41,6 +41,7 @@ struct BenchArgs {
   std::string markdown_path;
   int chunk_tokens = 16384;
   bool stage_times = false;
+  std::string gemm_tuning = "burst";
   AttentionOptions attention;
 };
 
@@ -56,6 +57,7 @@ std::string describe_command(const BenchArgs& args) {
   text << " -n " << args.decode_tokens << " -r " << args.repetitions << " --methods ";
   for (size_t i = 0; i < args.methods.size(); ++i) text << (i ? "," : "") << args.methods[i];
   if (args.stage_times) text << " --stage-times";
+  if (args.gemm_tuning != "burst") text << " --gemm-tuning " << args.gemm_tuning;
   return text.str();
 }
 
@@ -68,6 +70,7 @@ void run_bench_on_cuda(const BenchArgs& args) {
   cuda_args.repetitions = args.repetitions;
   cuda_args.chunk_tokens = args.chunk_tokens;
   cuda_args.stage_times = args.stage_times;
+  cuda_args.gemm_tuning = args.gemm_tuning;
   cuda_args.methods = args.methods;
   cuda_args.base = args.attention.resolve();
   cuda_args.json_path = args.json_path;
@@ -269,6 +272,13 @@ void register_bench(CLI::App& app) {
                     "cuda: after the timed runs, one more prefill per row with its GPU time broken "
                     "down by part (products, pointwise kernels, estimate, attention...)");
   command->add_option("--chunk", args->chunk_tokens, "cuda: prompt tokens per matrix-product pass")
+      ->capture_default_str();
+  command
+      ->add_option("--gemm-tuning", args->gemm_tuning,
+                   "cuda: how whole-chunk products pick their cuBLASLt algorithm: heuristic, "
+                   "burst (fastest of eight in a short burst) or sustained (fastest of eight at "
+                   "the power cap)")
+      ->check(CLI::IsMember({"heuristic", "burst", "sustained"}))
       ->capture_default_str();
   args->attention.add_to(command);
   command->callback([args] { run_bench(*args); });

@@ -78,6 +78,17 @@ void run_cuda_bench(const CudaBenchArgs& args) {
   options.context_length = longest + args.decode_tokens;
   options.chunk_tokens = args.chunk_tokens;
   options.decode_room = args.decode_tokens + 16;
+  using GemmTuning = cuda::CudaModelOptions::GemmTuning;
+  if (args.gemm_tuning == "heuristic") {
+    options.gemm_tuning = GemmTuning::kHeuristic;
+  } else if (args.gemm_tuning == "burst") {
+    options.gemm_tuning = GemmTuning::kBurst;
+  } else if (args.gemm_tuning == "sustained") {
+    options.gemm_tuning = GemmTuning::kSustained;
+  } else {
+    throw Error("--gemm-tuning: unknown '" + args.gemm_tuning +
+                "' (known: heuristic, burst, sustained)");
+  }
   std::fprintf(stderr, "measuring the GPU's copy bandwidth...\n");
   // Best of the timed copies: the floors below are what the GPU can do at most.
   const double bandwidth = cuda::measure_copy_bandwidth().best_bytes_per_second;
@@ -258,6 +269,7 @@ void run_cuda_bench(const CudaBenchArgs& args) {
                                      {"copy_bandwidth_bytes_per_s", bandwidth},
                                      {"weight_bytes_per_token", weight_bytes},
                                      {"chunk_tokens", args.chunk_tokens},
+                                     {"gemm_tuning", args.gemm_tuning},
                                      {"results", results},
                                      {"markdown", table.str()}};
     std::ofstream file(args.json_path);

@@ -16,8 +16,9 @@ struct CudaBenchArgs {
   int decode_tokens = 256;
   int repetitions = 1;
   int chunk_tokens = 16384;
-  int warmup_tokens = 8192;  // a short prompt run first under every method
-  bool stage_times = false;  // one more prefill per row, timed part by part
+  int warmup_tokens = 8192;           // a short prompt run first under every method
+  bool stage_times = false;           // one more prefill per row, timed part by part
+  std::string gemm_tuning = "burst";  // heuristic, burst or sustained (CudaModelOptions)
   // "prefill[+decode]" each, e.g. full, entropy+latent, critiprefill+snapkv.
   std::vector<std::string> methods;
   AttentionConfig base;  // the parameters every method shares

@@ -555,6 +555,22 @@ float median_run_ms(EventStopwatch& stopwatch, cudaStream_t stream,
   return times[kTuneRuns / 2];
 }
 
+// Sustained timing: back-to-back runs for kSustainedMs untimed, then the mean over as many again,
+// timed as one span. Long enough for the GPU's power limiter to have pulled the clock down when the
+// product draws more than the cap allows, as it does through a long prefill.
+constexpr float kSustainedMs = 60.0f;
+
+float sustained_run_ms(EventStopwatch& stopwatch, cudaStream_t stream,
+                       const std::function<void()>& launch) {
+  const float one_ms = std::max(stopwatch.time_ms(stream, launch), 1e-3f);
+  const int runs = std::clamp(static_cast<int>(kSustainedMs / one_ms) + 1, 3, 2000);
+  for (int i = 0; i < runs; ++i) launch();
+  const float total_ms = stopwatch.time_ms(stream, [&] {
+    for (int i = 0; i < runs; ++i) launch();
+  });
+  return total_ms / static_cast<float>(runs);
+}
+
 }  // namespace
 
 struct Blas::Plan {
@@ -566,6 +582,7 @@ struct Blas::Plan {
   static constexpr int kMaxCandidates = 16;
   cublasLtMatmulAlgo_t candidates[kMaxCandidates] = {};
   int candidate_count = 0;
+  int chosen = 0;           // index in the heuristic's list of the algorithm that runs
   size_t output_bytes = 0;  // of the whole output, its row stride included
   ~Plan() {
     if (output_layout) cublasLtMatrixLayoutDestroy(output_layout);
@@ -585,9 +602,9 @@ Blas::~Blas() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-Blas::Plan& Blas::plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride,
-                           bool fp32_out) {
-  const auto key = std::make_tuple(tokens, in, out, y_stride, fp32_out);
+Blas::Plan& Blas::plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride, bool fp32_out,
+                           bool sweep) {
+  const auto key = std::make_tuple(tokens, in, out, sweep ? int64_t{-1} : y_stride, fp32_out);
   if (auto found = plans_.find(key); found != plans_.end()) return *found->second;
   auto* plan = new Plan;
   try {
@@ -628,11 +645,11 @@ Blas::Plan& Blas::plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_st
                   std::to_string(in) + "x" + std::to_string(out) + " bf16 product");
     }
     plan->algorithm = results[0].algo;
+    plan->output_bytes = static_cast<size_t>(y_stride) * static_cast<size_t>(tokens) *
+                         (fp32_out ? sizeof(float) : sizeof(bf16));
     if (found > 1) {
       for (int i = 0; i < found; ++i) plan->candidates[i] = results[i].algo;
       plan->candidate_count = found;
-      plan->output_bytes = static_cast<size_t>(y_stride) * static_cast<size_t>(tokens) *
-                           (fp32_out ? sizeof(float) : sizeof(bf16));
     }
   } catch (...) {
     delete plan;
@@ -642,24 +659,14 @@ Blas::Plan& Blas::plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_st
   return *plan;
 }
 
-// Each candidate once untimed, then the median of kTuneRuns timed runs, all writing a scratch
-// output with beta 0 (an accumulating product must not add its candidates' results to y). The
-// heuristic's first choice stays unless another is faster by kTuneMargin: with three runs and no
-// margin an earlier version picked a candidate 8% slower than the heuristic's in steady use.
-void Blas::tune(Plan& plan, const bf16* x, const bf16* w) {
-  const int count = std::exchange(plan.candidate_count, 0);  // tuned at most once, whatever happens
-  if (capturing(stream_)) return;
-  DeviceBuffer<uint8_t> scratch_buffer;
-  try {
-    scratch_buffer.allocate(plan.output_bytes);
-  } catch (const Error&) {
-    cudaGetLastError();  // no room to tune: keep the heuristic's choice
-    return;
-  }
-  void* scratch = scratch_buffer.data();
+// Each candidate once untimed, then timed as the load asks (the median of kTuneRuns runs, or the
+// sustained mean), all writing a scratch output with beta 0 (an accumulating product must not add
+// its candidates' results to y). A candidate that refuses the operands gets -1.
+std::vector<float> Blas::time_plan_candidates(const Plan& plan, int count, const bf16* x,
+                                              const bf16* w, void* scratch) {
   EventStopwatch stopwatch;
   const float alpha = 1.0f, beta = 0.0f;
-  float best_ms = 0;
+  std::vector<float> times(static_cast<size_t>(count), -1.0f);
   for (int candidate = 0; candidate < count; ++candidate) {
     const cublasLtMatmulAlgo_t& algorithm = plan.candidates[candidate];
     auto launch = [&] {
@@ -668,17 +675,72 @@ void Blas::tune(Plan& plan, const bf16* x, const bf16* w) {
                             plan.output_layout, &algorithm, workspace_.data(), workspace_.bytes(),
                             stream_);
     };
-    if (launch() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate may refuse these operands
-    const float median_ms = median_run_ms(stopwatch, stream_, [&] { launch(); });
-    if (best_ms == 0) {
-      best_ms = median_ms;  // the heuristic's first choice (or the first that runs)
-      plan.algorithm = algorithm;
-    } else if (median_ms < best_ms * (1.0f - kTuneMargin)) {
-      best_ms = median_ms;
-      plan.algorithm = algorithm;
-    }
+    if (launch() != CUBLAS_STATUS_SUCCESS) continue;
+    times[static_cast<size_t>(candidate)] =
+        autotune_load_ == TuneLoad::kSustained
+            ? sustained_run_ms(stopwatch, stream_, [&] { launch(); })
+            : median_run_ms(stopwatch, stream_, [&] { launch(); });
   }
   check(cudaStreamSynchronize(stream_), "autotune");
+  return times;
+}
+
+// The heuristic's first choice stays unless another is faster by kTuneMargin: with three runs and
+// no margin an earlier version picked a candidate 8% slower than the heuristic's in steady use.
+void Blas::tune(Plan& plan, const bf16* x, const bf16* w) {
+  const int count = std::exchange(plan.candidate_count, 0);  // tuned at most once, whatever happens
+  if (capturing(stream_)) return;
+  DeviceBuffer<uint8_t> scratch;
+  try {
+    scratch.allocate(plan.output_bytes);
+  } catch (const Error&) {
+    cudaGetLastError();  // no room to tune: keep the heuristic's choice
+    return;
+  }
+  const std::vector<float> times = time_plan_candidates(plan, count, x, w, scratch.data());
+  float best_ms = 0;
+  for (int candidate = 0; candidate < count; ++candidate) {
+    const float ms = times[static_cast<size_t>(candidate)];
+    if (ms < 0) continue;
+    if (best_ms == 0 || ms < best_ms * (1.0f - kTuneMargin)) {  // the first that runs, then faster
+      best_ms = ms;
+      plan.algorithm = plan.candidates[candidate];
+      plan.chosen = candidate;
+    }
+  }
+}
+
+std::vector<float> Blas::time_candidates(const bf16* x, int64_t tokens, int64_t in, const bf16* w,
+                                         int64_t out, bool fp32_out, int candidates,
+                                         TuneLoad load) {
+  const int saved_candidates = std::exchange(autotune_candidates_, candidates);
+  const int64_t saved_min_tokens = std::exchange(autotune_min_tokens_, 1);
+  const TuneLoad saved_load = std::exchange(autotune_load_, load);
+  // A plan of its own (the key's stride is negative, which no product uses), so that the plans
+  // that products run are left as they are.
+  struct Restore {
+    Blas& blas;
+    int candidates;
+    int64_t min_tokens;
+    TuneLoad load;
+    ~Restore() {
+      blas.autotune_candidates_ = candidates;
+      blas.autotune_min_tokens_ = min_tokens;
+      blas.autotune_load_ = load;
+    }
+  } restore{*this, saved_candidates, saved_min_tokens, saved_load};
+  Plan& plan = plan_for(tokens, in, out, out, fp32_out, /*sweep=*/true);
+  if (plan.candidate_count == 0) {
+    plan.candidates[0] = plan.algorithm;
+    plan.candidate_count = 1;
+  }
+  DeviceBuffer<uint8_t> scratch(plan.output_bytes);
+  return time_plan_candidates(plan, plan.candidate_count, x, w, scratch.data());
+}
+
+int Blas::chosen_candidate(int64_t tokens, int64_t in, int64_t out, bool fp32_out) const {
+  const auto found = plans_.find(std::make_tuple(tokens, in, out, out, fp32_out));
+  return found == plans_.end() ? -1 : found->second->chosen;
 }
 
 void Blas::run(Plan& plan, const bf16* x, const bf16* w, void* y, bool accumulate) {

@@ -10,6 +10,7 @@
 #include <map>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "backends/cuda/cuda_common.h"
 
@@ -47,18 +48,37 @@ class Blas {
   // within 3% of it; 0 or 1 keeps the heuristic's choice. Never tunes while the stream is being
   // captured into a graph, nor when the scratch output cannot be allocated. Algorithms sum in
   // different orders, so a tuned product may differ from the untuned one in the last bits.
-  void set_autotune(int candidates, int64_t min_tokens = 1) {
+  //
+  // How a candidate is timed. kBurst: the median of 9 runs right after one untimed run, what a
+  // product costs while the GPU has power to spare. kSustained: the mean over 60 ms of back-to-back
+  // runs after 60 ms of them untimed, what it costs once the GPU sits at its power cap, as it does
+  // through a long prefill; there an algorithm that spends less energy per product can be the
+  // faster one. Sustained tuning takes about a second per product shape.
+  enum class TuneLoad { kBurst, kSustained };
+  void set_autotune(int candidates, int64_t min_tokens = 1, TuneLoad load = TuneLoad::kBurst) {
     autotune_candidates_ = candidates;
     autotune_min_tokens_ = min_tokens;
+    autotune_load_ = load;
   }
+  // For tuning benchmarks: the ms per run of each of cuBLASLt's first `candidates` algorithms for a
+  // product shape (y_stride = out), in the heuristic's order, timed as `load` says; -1 for one
+  // that refuses the operands. Leaves the plans that products run untouched.
+  std::vector<float> time_candidates(const bf16* x, int64_t tokens, int64_t in, const bf16* w,
+                                     int64_t out, bool fp32_out, int candidates, TuneLoad load);
+  // Which of the heuristic's algorithms the product of this shape (y_stride = out) runs: 0 for its
+  // first choice, -1 when the shape has not run yet.
+  int chosen_candidate(int64_t tokens, int64_t in, int64_t out, bool fp32_out) const;
 
   cudaStream_t stream() const { return stream_; }
 
  private:
   struct Plan;
-  Plan& plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride, bool fp32_out);
+  Plan& plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride, bool fp32_out,
+                 bool sweep = false);
   void run(Plan& plan, const bf16* x, const bf16* w, void* y, bool accumulate);
   void tune(Plan& plan, const bf16* x, const bf16* w);
+  std::vector<float> time_plan_candidates(const Plan& plan, int count, const bf16* x, const bf16* w,
+                                          void* scratch);
   std::pair<int, int> gemv_configuration(const bf16* x, int64_t in, const bf16* w, int64_t out,
                                          bool fp32_out, bool accumulate);
 
@@ -71,6 +91,7 @@ class Blas {
   std::map<std::tuple<int64_t, int64_t, bool, bool>, std::pair<int, int>> gemv_configurations_;
   int autotune_candidates_ = 0;
   int64_t autotune_min_tokens_ = 1;
+  TuneLoad autotune_load_ = TuneLoad::kBurst;
 };
 
 // The single-token product y (+)= x * w^T through the GEMV kernel with an explicit configuration,

@@ -449,7 +449,17 @@ struct CudaTransformer::State {
     const int64_t whole_chunk = sparse_prefill(attention)
                                     ? layer_major_chunk(chunk, attention.prefill_params.block_size)
                                     : chunk;
-    blas.set_autotune(8, std::max<int64_t>(2, whole_chunk));
+    switch (options.gemm_tuning) {
+      case CudaModelOptions::GemmTuning::kHeuristic:
+        blas.set_autotune(0);
+        break;
+      case CudaModelOptions::GemmTuning::kBurst:
+        blas.set_autotune(8, std::max<int64_t>(2, whole_chunk), Blas::TuneLoad::kBurst);
+        break;
+      case CudaModelOptions::GemmTuning::kSustained:
+        blas.set_autotune(8, std::max<int64_t>(2, whole_chunk), Blas::TuneLoad::kSustained);
+        break;
+    }
     blas.set_gemv_tuning(true);
     estimator.reset();
     compressor.reset();

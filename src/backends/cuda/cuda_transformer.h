@@ -38,6 +38,12 @@ struct CudaModelOptions {
   // model's full cache. The selections are those of compressing after the prefill. Needs such a
   // decode method (not latent, which waits for generated tokens) and the prompt in one call.
   bool compress_during_prefill = false;
+  // How the products over a whole prompt chunk pick their cuBLASLt algorithm on first use
+  // (Blas::set_autotune): the heuristic's first choice; the fastest of eight in a short burst; or
+  // the fastest of eight under sustained load, where the GPU's power cap sets the clock as it does
+  // through a long prefill (about a second per product shape, once).
+  enum class GemmTuning { kHeuristic, kBurst, kSustained };
+  GemmTuning gemm_tuning = GemmTuning::kBurst;
 };
 
 // What the attention policies did in the last prefill and compression, for reading each time next
