@@ -6,8 +6,11 @@
 # table last.
 #   OUT            output folder (the device run sets it)
 #   GPU_ROUND      what to run: comma-separated subset of
-#                  build,quality,tests,attention,sparse,model,methods,bench,gemm,tuning,capacity
-#                  (default: all but quality, gemm, tuning and capacity)
+#                  build,quality,tests,attention,sparse,model,methods,bench,gemm,tuning,profile,capacity
+#                  (default: all but quality, gemm, tuning, profile and capacity)
+#   profile        Nsight Systems over a short prompt and PROFILE_STEPS (default 200) decode steps of
+#                  PROFILE_METHOD (default entropy+latent): GPU time per kernel, kernels inside the
+#                  decode graph included
 #   TUNING_MODES   tuning: --gemm-tuning modes compared in-model, in this order (default
 #                  heuristic,burst,sustained); TUNING_METHODS (default entropy+latent,full),
 #                  TUNING_LENGTH (default 130816), TUNING_REPS (default 2)
@@ -231,6 +234,22 @@ if [[ "${steps}" == *",tuning,"* && -x "${build}/entropyinfer" ]]; then
       --json "${out}/tuning-${mode}.json" 2>&1 | tee -a "${log}" || step_failed "tuning ${mode}"
     stop_power_log "tuning-${mode}"
   done
+fi
+
+if [[ "${steps}" == *",profile,"* && -x "${build}/entropyinfer" ]]; then
+  section profile
+  nsys_bin="$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)"
+  if [[ -n "${nsys_bin}" ]]; then
+    timeout -k 10 240 "${nsys_bin}" profile -o /tmp/decode-profile --force-overwrite true -t cuda \
+      --cuda-graph-trace=node "${build}/entropyinfer" bench --device cuda --random-model llama-3.1-8b \
+      -p 4096 -n "${PROFILE_STEPS:-200}" -r 1 --methods "${PROFILE_METHOD:-entropy+latent}" 2>&1 |
+      tail -5 | tee -a "${log}" || step_failed "nsys profile"
+    "${nsys_bin}" stats --report cuda_gpu_kern_sum --format csv -o "${out}/profile" /tmp/decode-profile.nsys-rep \
+      > /dev/null 2>&1 || step_failed "nsys stats"
+    head -40 "${out}"/profile*.csv 2>/dev/null | cut -c1-220 | tee -a "${log}"
+  else
+    echo "no nsys on this machine" | tee -a "${log}"
+  fi
 fi
 
 if [[ "${steps}" == *",capacity,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then

@@ -134,6 +134,65 @@ TEST(CudaTransformerPolicies, StageTimingChangesNothingAndCoversTheParts) {
   }
 }
 
+// Without all_logits the last layer gives attention and MLP to the prompt's last row alone. Its
+// logits equal the last row of an all-logits pass (the last row's attention then runs as a decode
+// step: relative L2 5e-3 for the different summation order), the cache it leaves is the same (the
+// decode steps after it agree), and the keys counted are those of the rows computed, on the
+// chunked path (several chunks, full attention) and layer by layer (EntropyInfer, latent decode).
+TEST(CudaTransformerPolicies, PrunedLastLayerGivesTheLastRowsLogitsAndTheSameCache) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const ModelConfig config = small_config(0);
+  const ModelWeights weights = gpu_exact_model(config, 31);
+  const auto prompt = test_prompt(700, config.vocab_size);
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  const size_t vocab = static_cast<size_t>(config.vocab_size);
+  for (const bool sparse : {false, true}) {
+    SCOPED_TRACE(sparse ? "entropy + latent, layer by layer" : "full, chunked");
+    cuda::CudaModelOptions options;
+    options.context_length = 1024;
+    options.chunk_tokens = 256;  // three chunks: the first two skip the last layer's outputs
+    if (sparse) {
+      options.attention = small_sparse(PrefillMethod::kEntropy, 128);
+      options.attention.decode = DecodeMethod::kLatent;
+    }
+    cuda::CudaTransformer pruned(weights, options), whole(weights, options);
+    const std::vector<float> last = pruned.forward(prompt);
+    const std::vector<float> all = whole.forward(prompt, true);
+    ASSERT_EQ(all.size(), static_cast<size_t>(n) * vocab);
+    Agreement agreement;
+    compare_rows(last,
+                 std::vector<float>(all.end() - static_cast<std::ptrdiff_t>(vocab), all.end()),
+                 config.vocab_size, agreement);
+    EXPECT_LE(agreement.worst_relative_l2, 5e-3);
+    const auto& work = pruned.attention_work();
+    const auto& whole_work = whole.attention_work();
+    // The last layer's triangle of keys is replaced by one row's n keys per KV head.
+    const int64_t triangle = static_cast<int64_t>(config.num_kv_heads) * n * (n + 1) / 2;
+    const int64_t row = static_cast<int64_t>(config.num_kv_heads) * n;
+    EXPECT_EQ(work.prefill_keys_dense, whole_work.prefill_keys_dense - triangle + row);
+    if (sparse) {
+      EXPECT_LT(work.prefill_keys_read, work.prefill_keys_dense);
+    } else {
+      EXPECT_EQ(work.prefill_keys_read, work.prefill_keys_dense);
+    }
+    // The caches agree: greedy decoding (through the compression, for latent) stays together.
+    int32_t token = 7;
+    for (int step = 0; step < 12; ++step) {
+      const std::vector<float> a = pruned.forward(std::vector<int32_t>{token});
+      const std::vector<float> b = whole.forward(std::vector<int32_t>{token});
+      Agreement step_agreement;
+      compare_rows(a, b, config.vocab_size, step_agreement);
+      EXPECT_LE(step_agreement.worst_relative_l2, 5e-3) << "step " << step;
+      token = static_cast<int32_t>(std::max_element(b.begin(), b.end()) - b.begin());
+    }
+    if (sparse) {
+      EXPECT_TRUE(pruned.attention_work().compressed);
+      EXPECT_EQ(pruned.attention_work().cache_entries_after,
+                whole.attention_work().cache_entries_after);
+    }
+  }
+}
+
 TEST(CudaTransformerPolicies, SparsePrefillMatchesCpuPolicies) {
   ENTROPYINFER_REQUIRE_GPU();
   for (int variant : {0, 1}) {

@@ -720,9 +720,12 @@ struct CudaTransformer::State {
   }
 
   // One layer over the m tokens whose residual rows are in `hidden`, chunk by chunk through the
-  // layers (or one decode step). Positions first.. or *device_position_pointer.
+  // layers (or one decode step). Positions first.. or *device_position_pointer. Only the last
+  // `output_rows` rows (0 or 1 when fewer than m) get their attention and MLP: every row's keys and
+  // values enter the cache, but the last layer's other outputs are never read (see
+  // output_rows_of_layer).
   void enqueue_layer(int layer_index, int64_t m, int64_t first, const float* cos, const float* sin,
-                     const int* device_position_pointer) {
+                     const int* device_position_pointer, int64_t output_rows) {
     Layer& layer = layers[layer_index];
     const ModelConfig& c = config;
     enqueue_qkv(layer, hidden.data(), m, cos, sin, device_position_pointer);
@@ -753,6 +756,14 @@ struct CudaTransformer::State {
         shape.device_position = device_position_pointer;
         flash_decode(q, layer.keys.data(), layer.values.data(), shape, attn_out.data(),
                      decode_workspace.data(), decode_workspace.size(), stream, decode_splits);
+      } else if (output_rows == 0) {
+        return;  // nothing of this layer's span is read beyond its keys and values
+      } else if (output_rows < m) {
+        // The span's last row alone, as a decode step over the cache it has just filled.
+        const FlashShape shape = decode_shape(static_cast<int>(first + m - 1));
+        flash_decode(q + (m - 1) * w.qkv, layer.keys.data(), layer.values.data(), shape,
+                     attn_out.data() + (m - 1) * w.q, decode_workspace.data(),
+                     decode_workspace.size(), stream);
       } else {
         FlashShape shape = decode_shape(static_cast<int>(first));
         shape.tokens = m;
@@ -764,7 +775,19 @@ struct CudaTransformer::State {
         }
       }
     }
-    enqueue_mlp(layer, hidden.data(), attn_out.data(), m);
+    const int64_t skipped = m - output_rows;
+    enqueue_mlp(layer, hidden.data() + skipped * w.hidden, attn_out.data() + skipped * w.q,
+                output_rows);
+  }
+
+  // How many of the last rows of a span [t0, t0 + m) of an n-token pass need layer `index`'s
+  // attention and MLP. Every row, except in the last layer without all_logits: there only the
+  // pass's last row feeds anything (the logits), so other spans need none and the last span one.
+  // Its keys and values, and its queries for an observation window, are still made for every row.
+  // The last row is computed as in any other layer: llama.cpp prunes the same way.
+  int64_t output_rows_of_layer(int index, int64_t t0, int64_t m, int64_t n, bool all_logits) const {
+    if (all_logits || index + 1 < config.num_layers) return m;
+    return t0 + m == n ? 1 : 0;
   }
 
   // The whole decode step of the token in ids[0] at *device_position: embedding, layers, logits and
@@ -772,7 +795,7 @@ struct CudaTransformer::State {
   void enqueue_decode_step() {
     cuda::embedding(embedding.data(), ids.data(), 1, w.hidden, hidden.data(), stream);
     for (int index = 0; index < config.num_layers; ++index)
-      enqueue_layer(index, 1, 0, rope_cos.data(), rope_sin.data(), device_position.data());
+      enqueue_layer(index, 1, 0, rope_cos.data(), rope_sin.data(), device_position.data(), 1);
     rms_norm(hidden.data(), final_norm.data(), 1, w.hidden, config.rms_norm_eps, normed.data(),
              stream);
     blas.linear(normed.data(), 1, w.hidden, head(), w.vocab, logits.data());
@@ -870,7 +893,8 @@ struct CudaTransformer::State {
       }
       for (int index = 0; index < config.num_layers; ++index) {
         enqueue_layer(index, m, position + t0, cos_table + t0 * w.half_rotary,
-                      sin_table + t0 * w.half_rotary, nullptr);
+                      sin_table + t0 * w.half_rotary, nullptr,
+                      output_rows_of_layer(index, t0, m, n, all_logits));
       }
       const auto timed = stages.scope(Stage::kLogits, stream);
       enqueue_logits(hidden.data(), t0, m, n, all_logits, all);
@@ -934,7 +958,22 @@ struct CudaTransformer::State {
       shape.tokens = n;
       shape.q_token_stride = w.q;
       shape.out_token_stride = w.q;
-      if (estimator) {
+      const int64_t output_rows = output_rows_of_layer(index, 0, n, n, all_logits);
+      if (output_rows < n) {
+        // The last layer without all_logits: the prompt's last row alone (the last segment is
+        // dense under every method), as a decode step over the filled cache. The estimate runs
+        // only when plans are recorded (they describe every layer).
+        if (estimator && record_plans) {
+          estimator->estimate(prompt_q.data(), w.q, n, index, stream);
+          plans.push_back(estimator->download_last(stream));
+        }
+        host_keys += static_cast<int64_t>(config.num_kv_heads) * n;
+        attention_timer.start(stream);
+        flash_decode(prompt_q.data() + (n - 1) * w.q, cache_keys, cache_values,
+                     decode_shape(static_cast<int>(n - 1)), prompt_attention.data() + (n - 1) * w.q,
+                     decode_workspace.data(), decode_workspace.size(), stream);
+        attention_timer.stop(stream);
+      } else if (estimator) {
         estimate_timer.start(stream);
         const DevicePrefillPlan plan = estimator->estimate(prompt_q.data(), w.q, n, index, stream);
         estimate_timer.stop(stream);
@@ -964,8 +1003,11 @@ struct CudaTransformer::State {
       }
       for (int64_t t0 = 0; t0 < n; t0 += step) {
         const int64_t m = std::min<int64_t>(step, n - t0);
-        enqueue_mlp(layer, prompt_hidden.data() + t0 * w.hidden, prompt_attention.data() + t0 * w.q,
-                    m);
+        const int64_t rows = output_rows_of_layer(index, t0, m, n, all_logits);
+        if (rows == 0) continue;
+        const int64_t skipped = m - rows;
+        enqueue_mlp(layer, prompt_hidden.data() + (t0 + skipped) * w.hidden,
+                    prompt_attention.data() + (t0 + skipped) * w.q, rows);
       }
     }
     for (int64_t t0 = 0; t0 < n; t0 += step) {
@@ -1196,10 +1238,13 @@ struct CudaTransformer::State {
       } else {
         run_chunked(n, all_logits, all);
         if (is_prefill) {
-          // Full causal attention over the span, per KV head.
+          // Full causal attention over the span, per KV head; the last layer's last row alone
+          // unless every row's logits were asked for.
           const double first = position, last = position + n;
-          const double keys = config.num_kv_heads * config.num_layers *
-                              ((last * (last + 1) - first * (first + 1)) / 2);
+          const int whole_layers = all_logits ? config.num_layers : config.num_layers - 1;
+          const double keys = config.num_kv_heads *
+                              (whole_layers * ((last * (last + 1) - first * (first + 1)) / 2) +
+                               (config.num_layers - whole_layers) * last);
           work.prefill_keys_read = work.prefill_keys_dense = static_cast<int64_t>(keys);
         }
       }
