@@ -8,9 +8,9 @@
 #   GPU_ROUND      what to run: comma-separated subset of
 #                  build,quality,tests,attention,sparse,model,methods,bench,gemm,tuning,profile,capacity
 #                  (default: all but quality, gemm, tuning, profile and capacity)
-#   profile        Nsight Systems over a short prompt and PROFILE_STEPS (default 200) decode steps of
-#                  PROFILE_METHOD (default entropy+latent): GPU time per kernel, kernels inside the
-#                  decode graph included
+#   profile        Nsight Compute over one decode step (PROFILE_STEP, default 30, of a 4096-token
+#                  prompt) per method of PROFILE_METHODS (default entropy+latent,full): GPU time
+#                  per kernel, summed by kernel (bench/gpu/kernel_profile.py)
 #   TUNING_MODES   tuning: --gemm-tuning modes compared in-model, in this order (default
 #                  heuristic,burst,sustained); TUNING_METHODS (default entropy+latent,full),
 #                  TUNING_LENGTH (default 130816), TUNING_REPS (default 2)
@@ -237,18 +237,20 @@ if [[ "${steps}" == *",tuning,"* && -x "${build}/entropyinfer" ]]; then
 fi
 
 if [[ "${steps}" == *",profile,"* && -x "${build}/entropyinfer" ]]; then
+  # One decode step per method (step PROFILE_STEP of a 4096-token prompt; the latent methods have
+  # compressed by then), every kernel timed alone by Nsight Compute: where a step's time goes.
   section profile
-  nsys_bin="$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)"
-  if [[ -n "${nsys_bin}" ]]; then
-    timeout -k 10 240 "${nsys_bin}" profile -o /tmp/decode-profile --force-overwrite true -t cuda \
-      --cuda-graph-trace=node "${build}/entropyinfer" bench --device cuda --random-model llama-3.1-8b \
-      -p 4096 -n "${PROFILE_STEPS:-200}" -r 1 --methods "${PROFILE_METHOD:-entropy+latent}" 2>&1 |
-      tail -5 | tee -a "${log}" || step_failed "nsys profile"
-    "${nsys_bin}" stats --report cuda_gpu_kern_sum --format csv -o "${out}/profile" /tmp/decode-profile.nsys-rep \
-      > /dev/null 2>&1 || step_failed "nsys stats"
-    head -40 "${out}"/profile*.csv 2>/dev/null | cut -c1-220 | tee -a "${log}"
+  ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
+  if [[ -n "${ncu_bin}" ]]; then
+    timeout -k 10 300 "${ncu_bin}" --profile-from-start off --clock-control none \
+      --metrics gpu__time_duration.sum --csv --log-file "${out}/profile-ncu.csv" \
+      "${build}/entropyinfer" bench --device cuda --random-model llama-3.1-8b -p 4096 -n 40 -r 1 \
+      --methods "${PROFILE_METHODS:-entropy+latent,full}" --profile-decode-step "${PROFILE_STEP:-30}" \
+      2>&1 | tail -4 | tee -a "${log}" || step_failed "decode profile"
+    python3 "${repo_root}/bench/gpu/kernel_profile.py" "${out}/profile-ncu.csv" 2>&1 | tee -a "${log}" ||
+      step_failed "decode profile summary"
   else
-    echo "no nsys on this machine" | tee -a "${log}"
+    echo "no ncu on this machine" | tee -a "${log}"
   fi
 fi
 

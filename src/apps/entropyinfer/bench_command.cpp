@@ -42,6 +42,7 @@ struct BenchArgs {
   int chunk_tokens = 16384;
   bool stage_times = false;
   std::string gemm_tuning = "burst";
+  int profile_decode_step = -1;
   AttentionOptions attention;
 };
 
@@ -71,6 +72,7 @@ void run_bench_on_cuda(const BenchArgs& args) {
   cuda_args.chunk_tokens = args.chunk_tokens;
   cuda_args.stage_times = args.stage_times;
   cuda_args.gemm_tuning = args.gemm_tuning;
+  cuda_args.profile_decode_step = args.profile_decode_step;
   cuda_args.methods = args.methods;
   cuda_args.base = args.attention.resolve();
   cuda_args.json_path = args.json_path;
@@ -280,6 +282,9 @@ void register_bench(CLI::App& app) {
                    "the power cap)")
       ->check(CLI::IsMember({"heuristic", "burst", "sustained"}))
       ->capture_default_str();
+  command->add_option("--profile-decode-step", args->profile_decode_step,
+                      "cuda: bracket decode step N of each row's first repetition with "
+                      "cudaProfilerStart/Stop (for a profiler run with --profile-from-start off)");
   args->attention.add_to(command);
   command->callback([args] { run_bench(*args); });
 }

@@ -12,6 +12,8 @@
 #include "core/stopwatch.h"
 
 #ifdef ENTROPYINFER_WITH_CUDA
+#include <cuda_profiler_api.h>
+
 #include "apps/entropyinfer/cli_common.h"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/cuda_transformer.h"
@@ -150,9 +152,12 @@ void run_cuda_bench(const CudaBenchArgs& args) {
         double decode_total = 0;
         for (int step = 0; step < args.decode_tokens; ++step) {
           const bool compressed_before = model->attention_work().compressed;
+          const bool profiled = repetition == 0 && step == args.profile_decode_step;
+          if (profiled) cuda::check(cudaProfilerStart(), "cudaProfilerStart");
           const auto step_start = Clock::now();
           token = model->forward_greedy(std::span<const int32_t>(&token, 1));
           const double seconds = seconds_since(step_start);
+          if (profiled) cuda::check(cudaProfilerStop(), "cudaProfilerStop");
           decode_total += seconds;
           // A step that compressed the cache is in e2e only.
           if (compressed_before) {

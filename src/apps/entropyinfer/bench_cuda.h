@@ -19,6 +19,9 @@ struct CudaBenchArgs {
   int warmup_tokens = 8192;           // a short prompt run first under every method
   bool stage_times = false;           // one more prefill per row, timed part by part
   std::string gemm_tuning = "burst";  // heuristic, burst or sustained (CudaModelOptions)
+  // >= 0: decode step k of each row's first repetition runs between cudaProfilerStart and
+  // cudaProfilerStop, for a profiler started with --profile-from-start off.
+  int profile_decode_step = -1;
   // "prefill[+decode]" each, e.g. full, entropy+latent, critiprefill+snapkv.
   std::vector<std::string> methods;
   AttentionConfig base;  // the parameters every method shares
