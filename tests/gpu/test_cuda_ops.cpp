@@ -446,15 +446,36 @@ TEST(CudaOps, EmbeddingAppendKvAndArgmax) {
   logits[1 * count + count - 1] = 60.0f;
   logits[2 * count + 0] = 70.0f;
   auto logits_gpu = upload_floats(logits);
-  cuda::DeviceBuffer<int32_t> best(argmax_rows);
-  cuda::argmax_rows(logits_gpu.data(), argmax_rows, count, best.data(), nullptr);
-  std::vector<int32_t> found(argmax_rows);
-  best.download(found.data(), found.size());
-  for (int r = 0; r < argmax_rows; ++r) {
-    const auto row = logits.begin() + static_cast<int64_t>(r) * count;
-    EXPECT_EQ(found[r], std::max_element(row, row + count) - row) << "row " << r;
+  // One block per row, then split over blocks with a workspace (three launches in a row: the
+  // arrival counters must come back to zero), then more rows than the workspace holds.
+  cuda::ArgmaxWorkspace workspace(argmax_rows);
+  cuda::ArgmaxWorkspace small_workspace(2);
+  for (int variant = 0; variant < 5; ++variant) {
+    SCOPED_TRACE("argmax variant " + std::to_string(variant));
+    cuda::ArgmaxWorkspace* used =
+        variant == 0 ? nullptr : (variant < 4 ? &workspace : &small_workspace);
+    cuda::DeviceBuffer<int32_t> best(argmax_rows);
+    cuda::argmax_rows(logits_gpu.data(), argmax_rows, count, best.data(), nullptr, used);
+    std::vector<int32_t> found(argmax_rows);
+    best.download(found.data(), found.size());
+    for (int r = 0; r < argmax_rows; ++r) {
+      const auto row = logits.begin() + static_cast<int64_t>(r) * count;
+      EXPECT_EQ(found[r], std::max_element(row, row + count) - row) << "row " << r;
+    }
+    EXPECT_EQ(found[0], 77);
   }
-  EXPECT_EQ(found[0], 77);
+  // Ties across slices, and a row shorter than one slice.
+  std::vector<float> ties(static_cast<size_t>(count), 1.0f);
+  ties[5000] = ties[70000] = ties[128000] = 3.0f;
+  auto ties_gpu = upload_floats(ties);
+  cuda::DeviceBuffer<int32_t> one(1);
+  cuda::argmax_rows(ties_gpu.data(), 1, count, one.data(), nullptr, &workspace);
+  int32_t tie_winner = -1;
+  one.download(&tie_winner, 1);
+  EXPECT_EQ(tie_winner, 5000);
+  cuda::argmax_rows(ties_gpu.data() + 4990, 1, 700, one.data(), nullptr, &workspace);
+  one.download(&tie_winner, 1);
+  EXPECT_EQ(tie_winner, 10);
 }
 
 }  // namespace

@@ -157,8 +157,27 @@ void append_kv(const bf16* keys, const bf16* values, int64_t tokens, int64_t tok
 void embedding(const bf16* table, const int32_t* ids, int64_t tokens, int64_t hidden, float* out,
                cudaStream_t stream);
 
-// out[r] = the index of the largest value of row r (the first one on ties), rows of `count`.
-void argmax_rows(const float* x, int64_t rows, int64_t count, int32_t* out, cudaStream_t stream);
+// Scratch for argmax_rows to split each of up to `rows` rows over many blocks: their partial
+// results and a per-row arrival counter (zeroed here, and left zeroed by every launch). One launch
+// at a time may use it (its owner's stream).
+class ArgmaxWorkspace {
+ public:
+  static constexpr int kSlices = 64;
+  explicit ArgmaxWorkspace(int64_t rows = 1);
+  int64_t rows() const { return rows_; }
+  uint8_t* partials() { return partials_.data(); }
+  unsigned* arrivals() { return arrivals_.data(); }
+
+ private:
+  int64_t rows_;
+  DeviceBuffer<uint8_t> partials_;
+  DeviceBuffer<unsigned> arrivals_;
+};
+
+// out[r] = the index of the largest value of row r (the first one on ties), rows of `count`. One
+// block per row; with a workspace holding the rows, up to 64 blocks per row (same result).
+void argmax_rows(const float* x, int64_t rows, int64_t count, int32_t* out, cudaStream_t stream,
+                 ArgmaxWorkspace* workspace = nullptr);
 
 // x[i] = uniform in [-scale, scale) from a counter-based hash of (seed, i): random weights and
 // benchmark inputs made on the GPU, reproducible for a seed.

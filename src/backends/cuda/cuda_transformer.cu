@@ -356,6 +356,7 @@ struct CudaTransformer::State {
   DeviceBuffer<float> hidden, logits, decode_workspace;
   DeviceBuffer<bf16> normed, qkv, attn_out, gate_up, activation;
   DeviceBuffer<int32_t> ids, best;
+  ArgmaxWorkspace argmax_workspace;  // the greedy token's argmax over many blocks
 
   const bf16* head() const { return config.tied_embeddings ? embedding.data() : lm_head.data(); }
 
@@ -799,7 +800,7 @@ struct CudaTransformer::State {
     rms_norm(hidden.data(), final_norm.data(), 1, w.hidden, config.rms_norm_eps, normed.data(),
              stream);
     blas.linear(normed.data(), 1, w.hidden, head(), w.vocab, logits.data());
-    argmax_rows(logits.data(), 1, w.vocab, best.data(), stream);
+    argmax_rows(logits.data(), 1, w.vocab, best.data(), stream, &argmax_workspace);
   }
 
   // Decodes one token: eagerly the first time (which also settles every lazily initialised kernel
@@ -1296,7 +1297,8 @@ int32_t CudaTransformer::forward_greedy(std::span<const int32_t> tokens) {
   const bool graph = state_->graph_decodes(tokens, false);
   const float* last = state_->run(tokens, false, nullptr);
   if (!graph)
-    argmax_rows(last, 1, state_->w.vocab, state_->best.data(), state_->stream);  // the graph did it
+    argmax_rows(last, 1, state_->w.vocab, state_->best.data(), state_->stream,
+                &state_->argmax_workspace);  // the graph did it
   int32_t token = 0;
   check(cudaMemcpyAsync(&token, state_->best.data(), sizeof(token), cudaMemcpyDeviceToHost,
                         state_->stream),
