@@ -174,6 +174,10 @@ void run_cuda_bench(const CudaBenchArgs& args) {
         std::fprintf(stderr, "[%d/%d] %d tokens, %s: prefill %.3f s, e2e %.3f s (%.0f s elapsed)\n",
                      runs_done, total_runs, prompt_length, args.methods[m].c_str(), prefill,
                      prefill + decode_total, seconds_since(bench_start));
+        if (work.compressed) {
+          std::fprintf(stderr, "  compression %.1f ms, of which %.1f ms allocating and freeing\n",
+                       work.compression_ms, work.compression_memory_ms);
+        }
       }
       nlohmann::json stage_ms = nlohmann::json::object();
       if (args.stage_times) {
@@ -246,6 +250,7 @@ void run_cuda_bench(const CudaBenchArgs& args) {
                          {"decode_ratio_to_floor", ratio},
                          {"compressed", work.compressed},
                          {"compression_ms", work.compression_ms},
+                         {"compression_memory_ms", work.compression_memory_ms},
                          {"cache_entries_before", work.cache_entries_before},
                          {"cache_entries_after", work.cache_entries_after},
                          {"cache_bytes_before", work.cache_bytes_before},

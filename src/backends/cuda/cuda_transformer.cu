@@ -1059,6 +1059,7 @@ struct CudaTransformer::State {
 
   size_t compression_workspace_floats = 1;
   double compression_seconds = 0;
+  double compression_memory_seconds = 0;
 
   void begin_compression(int tokens) {
     // Under compress_during_prefill no full cache is ever whole: "before" is what it would take.
@@ -1071,6 +1072,7 @@ struct CudaTransformer::State {
     work.cache_entries_after = 0;
     compression_workspace_floats = 1;
     compression_seconds = 0;
+    compression_memory_seconds = 0;
   }
 
   // Compresses layer `index`, whose full cache (per KV head a [context][head_dim] slab) holds
@@ -1112,15 +1114,19 @@ struct CudaTransformer::State {
     for (int c = 0; c < plan.heads; ++c) longest = std::max(longest, offsets[c + 1] - offsets[c]);
     work.cache_entries_after += offsets.back();
     const int64_t stride = longest + room;
+    const auto allocation_start = std::chrono::steady_clock::now();
     DeviceBuffer<bf16> keys(static_cast<size_t>(plan.heads) * stride * w.head_dim);
     DeviceBuffer<bf16> values(static_cast<size_t>(plan.heads) * stride * w.head_dim);
     DeviceBuffer<int32_t> lengths(static_cast<size_t>(plan.heads));
+    compression_memory_seconds += seconds_since(allocation_start);
     compact_cache(full_keys, full_values, context, config.num_kv_heads, config.head_dim, plan,
                   plan.per_query_head ? group : 1, keys.data(), values.data(), stride,
                   lengths.data(), stream);
     check(cudaStreamSynchronize(stream), "cache compaction");  // before the old cache is freed
+    const auto install_start = std::chrono::steady_clock::now();
     install_ragged(layer, std::move(keys), std::move(values), std::move(lengths), plan.heads,
                    plan.per_query_head, stride);
+    compression_memory_seconds += seconds_since(install_start);
     compression_seconds += seconds_since(start);
   }
 
@@ -1171,6 +1177,7 @@ struct CudaTransformer::State {
     compressed = true;
     drop_graph();  // the captured steps read the old caches
     work.compression_ms = 1e3 * compression_seconds;
+    work.compression_memory_ms = 1e3 * compression_memory_seconds;
   }
 
   void drop_graph() {

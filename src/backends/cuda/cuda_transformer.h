@@ -63,6 +63,8 @@ struct CudaAttentionWork {
   size_t cache_bytes_before = 0;
   size_t cache_bytes_after = 0;
   double compression_ms = 0;  // wall time of the one-time compression
+  // Of it: allocating the compressed caches and freeing the full ones (host wall time).
+  double compression_memory_ms = 0;
   // With set_stage_timing: the last prefill's GPU time per part (embedding, norms, each product,
   // pointwise kernels, cache writes, estimate, attention, logits, compression), in milliseconds.
   std::vector<std::pair<std::string, double>> prefill_stage_ms;
