@@ -27,15 +27,6 @@ constexpr int kThreads = kConsumerThreads + kProducerThreads;
 constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
 constexpr int kStages = 3;
-// Row blocks one block-sparse CTA runs one after the other. At the method's work a row block reads
-// about 18 key tiles, so a CTA's start (its query load, the first tiles' lookups and copies) and
-// its end weigh on every row block; with several per CTA the producer fills the next row block's
-// first tiles while the consumers finish the last one's. Dense CTAs run one.
-#ifndef ENTROPYINFER_SPARSE_ROW_BLOCKS
-#define ENTROPYINFER_SPARSE_ROW_BLOCKS 2
-#endif
-constexpr int kSparseRowBlocks = ENTROPYINFER_SPARSE_ROW_BLOCKS;
-static_assert(kSparseRowBlocks >= 1 && kSparseRowBlocks <= 8, "row blocks per sparse CTA");
 
 template <int kHeadDim>
 struct WgmmaLayout {
@@ -60,33 +51,6 @@ struct WgmmaLayout {
   static constexpr int kTableBytes = 2 * kBlockN * 4;
   static constexpr int kSparseSharedBytes = kSharedBytes + kTableBytes;
 };
-
-// One row block of kBlockM packed rows of a KV head: its positions, its key sequence (sparse) and
-// the key tiles it reads. Slots: position x sits in slot x + shift (0 when dense).
-struct RowBlockTiles {
-  int row0 = 0;
-  int min_position = 0;
-  int max_position = 0;
-  int shift = 0;
-  int tiles = 0;
-  SparseKeys keys;
-};
-
-template <bool kSparse>
-__device__ __forceinline__ RowBlockTiles row_block_tiles(const KernelParams<kSparse>& p,
-                                                         int kv_head, int row_block) {
-  RowBlockTiles work;
-  work.row0 = row_block * kBlockM;
-  const int last_row = min(work.row0 + kBlockM, p.rows) - 1;
-  work.min_position = p.first_position + work.row0 / p.group;
-  work.max_position = p.first_position + last_row / p.group;
-  if constexpr (kSparse) {
-    work.keys = sparse_keys(p, kv_head, work.min_position, work.max_position);
-    work.shift = work.keys.shift();
-  }
-  work.tiles = (work.max_position + work.shift + kBlockN) / kBlockN;
-  return work;
-}
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -262,9 +226,9 @@ __device__ __forceinline__ void producer_loop(const FlashParams& p, uint32_t sta
 // The table has two halves: a half is rewritten two tiles later, after every producer thread has
 // passed the next tile's table barrier, hence after it finished reading.
 template <int kHeadDim>
-__device__ __forceinline__ void sparse_producer_loop(const SparseFlashParams& p,
-                                                     uint32_t stage_tiles, int* table, int kv_head,
-                                                     int first_row_block, int row_blocks) {
+__device__ __forceinline__ void sparse_producer_loop(const FlashParams& p, uint32_t stage_tiles,
+                                                     int* table, int kv_head, int blocks,
+                                                     const SparseKeys& keys) {
   using Layout = WgmmaLayout<kHeadDim>;
   constexpr int kChunks = kHeadDim / 8;
   constexpr int kRowsPerPass = kProducerThreads / kChunks;
@@ -277,41 +241,35 @@ __device__ __forceinline__ void sparse_producer_loop(const SparseFlashParams& p,
   const bf16* v_thread = p.v + head_offset;
   const uint32_t thread_offset =
       (chunk >> 3) * kBlockN * 128 + lane_row * 128 + (((chunk & 7) ^ (lane_row & 7)) << 4);
-  // Tiles are counted across the CTA's row blocks: the stage ring and the table halves run on.
-  int tile = 0;
-  for (int index = 0; index < row_blocks; ++index) {
-    const RowBlockTiles work = row_block_tiles<true>(p, kv_head, first_row_block + index);
-    const SparseKeys& keys = work.keys;
-    int next_row = keys.key_row(producer);
-    for (int block = 0; block < work.tiles; ++block, ++tile) {
-      const int stage = tile % kStages;
-      int* rows = table + (tile & 1) * kBlockN;
-      rows[producer] = next_row;
-      named_barrier_sync(Layout::kTableBarrier, kProducerThreads);
-      if (tile >= kStages) named_barrier_sync(Layout::kEmptyBarrier + stage, kThreads);
-      if (block + 1 < work.tiles) next_row = keys.key_row((block + 1) * kBlockN + producer);
-      const uint32_t k_tile = stage_tiles + stage * Layout::kStageBytes + thread_offset;
-      const uint32_t v_tile = k_tile + Layout::kTileBytes;
+  int next_row = keys.key_row(producer);
+  for (int block = 0; block < blocks; ++block) {
+    const int stage = block % kStages;
+    int* rows = table + (block & 1) * kBlockN;
+    rows[producer] = next_row;
+    named_barrier_sync(Layout::kTableBarrier, kProducerThreads);
+    if (block >= kStages) named_barrier_sync(Layout::kEmptyBarrier + stage, kThreads);
+    if (block + 1 < blocks) next_row = keys.key_row((block + 1) * kBlockN + producer);
+    const uint32_t k_tile = stage_tiles + stage * Layout::kStageBytes + thread_offset;
+    const uint32_t v_tile = k_tile + Layout::kTileBytes;
 #pragma unroll 1
-      for (int batch = 0; batch < kPasses; batch += kBatch) {
-        int row[kBatch];
+    for (int batch = 0; batch < kPasses; batch += kBatch) {
+      int row[kBatch];
 #pragma unroll
-        for (int i = 0; i < kBatch; ++i) row[i] = rows[(batch + i) * kRowsPerPass + lane_row];
+      for (int i = 0; i < kBatch; ++i) row[i] = rows[(batch + i) * kRowsPerPass + lane_row];
 #pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          const uint32_t offset = (batch + i) * kRowsPerPass * 128;
-          // Slots past the end (row -1) are masked; zero-filled so that 0 * V stays finite.
-          const bool valid = row[i] >= 0;
-          const int64_t source = static_cast<int64_t>(valid ? row[i] : 0) * kHeadDim;
-          cp_async_16(k_tile + offset, k_thread + source, valid ? 16 : 0);
-          cp_async_16(v_tile + offset, v_thread + source, valid ? 16 : 0);
-        }
+      for (int i = 0; i < kBatch; ++i) {
+        const uint32_t offset = (batch + i) * kRowsPerPass * 128;
+        // Slots past the end (row -1) are masked; zero-filled so that 0 * V stays finite.
+        const bool valid = row[i] >= 0;
+        const int64_t source = static_cast<int64_t>(valid ? row[i] : 0) * kHeadDim;
+        cp_async_16(k_tile + offset, k_thread + source, valid ? 16 : 0);
+        cp_async_16(v_tile + offset, v_thread + source, valid ? 16 : 0);
       }
-      cp_async_commit();
-      cp_async_wait<0>();
-      fence_proxy_async();
-      hand_over_stage<kHeadDim>(stage);
     }
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();
+    hand_over_stage<kHeadDim>(stage);
   }
 }
 
@@ -343,19 +301,28 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const KernelPa
   const uint32_t stage_tiles = q_tile + Layout::kQBytes;
 
   // Row blocks of one KV head run side by side and share its K/V in L2; latest (longest) rows
-  // first. A block-sparse CTA runs kSparseRowBlocks consecutive row blocks in turn.
-  const int total_row_blocks = (p.rows + kBlockM - 1) / kBlockM;
-  int kv_head, first_row_block, row_blocks;
+  // first.
+  int kv_head, row0;
   if constexpr (kSparse) {
     kv_head = blockIdx.x % p.kv_heads;
-    first_row_block = (gridDim.x / p.kv_heads - 1 - blockIdx.x / p.kv_heads) * kSparseRowBlocks;
-    row_blocks = min(kSparseRowBlocks, total_row_blocks - first_row_block);
+    row0 = (gridDim.x / p.kv_heads - 1 - blockIdx.x / p.kv_heads) * kBlockM;
   } else {
     kv_head = blockIdx.y;
-    first_row_block = gridDim.x - 1 - blockIdx.x;
-    row_blocks = 1;
+    row0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
   }
   const int group = p.group;
+  const int last_row = min(row0 + kBlockM, p.rows) - 1;
+  const int min_position = p.first_position + row0 / group;
+  const int max_position = p.first_position + last_row / group;
+  // Key slots: position x sits in slot x + shift (0 when dense), so the masks and the tile count
+  // below read the same for both.
+  SparseKeys keys;
+  int shift = 0;
+  if constexpr (kSparse) {
+    keys = sparse_keys(p, kv_head, min_position, max_position);
+    shift = keys.shift();
+  }
+  const int blocks = (max_position + shift + kBlockN) / kBlockN;
 
   if (threadIdx.x >= kConsumerThreads) {
     producer_registers();
@@ -363,10 +330,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const KernelPa
       const uint32_t table = stage_tiles + kStages * Layout::kStageBytes;
       sparse_producer_loop<kHeadDim>(
           p, stage_tiles, reinterpret_cast<int*>(shared_raw + (table - shared_address(shared_raw))),
-          kv_head, first_row_block, row_blocks);
+          kv_head, blocks, keys);
     } else {
-      const RowBlockTiles work = row_block_tiles<false>(p, kv_head, first_row_block);
-      producer_loop<kHeadDim>(p, stage_tiles, kv_head, work.tiles, work.max_position);
+      producer_loop<kHeadDim>(p, stage_tiles, kv_head, blocks, max_position);
     }
     return;
   }
@@ -377,215 +343,197 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const KernelPa
   const int warp_in_group = thread_in_group / 32;
   const int lane = threadIdx.x % 32, t = lane % 4;
 
-  // Tiles are counted across the CTA's row blocks (the producer's stage ring runs on): a stage is
-  // handed back only when a later tile will fill it.
-  int total_tiles = 0;
-  for (int index = 0; index < row_blocks; ++index)
-    total_tiles += row_block_tiles<kSparse>(p, kv_head, first_row_block + index).tiles;
-  int tile_base = 0;  // tiles of the CTA's earlier row blocks
-  for (int index = 0; index < row_blocks; ++index) {
-    // Key slots: position x sits in slot x + shift (0 when dense), so the masks and the tile count
-    // read the same for both.
-    const RowBlockTiles work = row_block_tiles<kSparse>(p, kv_head, first_row_block + index);
-    const int row0 = work.row0, min_position = work.min_position, shift = work.shift;
-    const int blocks = work.tiles;
+  for (int index = thread_in_group; index < 64 * kChunks; index += 128) {
+    const int r = warpgroup * 64 + index / kChunks, c = index % kChunks;
+    const int row = row0 + r;
+    const bool valid = row < p.rows;
+    const bf16* source =
+        valid ? p.q + packed_row_offset(row, group, kv_head, p.q_token_stride, kHeadDim) + c * 8
+              : p.q;
+    cp_async_16(q_tile + sw128_offset(r, c, kBlockM), source, valid ? 16 : 0);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  named_barrier_sync(Layout::kQueryBarrier + warpgroup, 128);
 
-    // This warpgroup's products of the previous row block have completed (its last wait), so its
-    // query rows can be overwritten.
-    for (int element = thread_in_group; element < 64 * kChunks; element += 128) {
-      const int r = warpgroup * 64 + element / kChunks, c = element % kChunks;
-      const int row = row0 + r;
-      const bool valid = row < p.rows;
-      const bf16* source =
-          valid ? p.q + packed_row_offset(row, group, kv_head, p.q_token_stride, kHeadDim) + c * 8
-                : p.q;
-      cp_async_16(q_tile + sw128_offset(r, c, kBlockM), source, valid ? 16 : 0);
+  const int row_a = row0 + warpgroup * 64 + warp_in_group * 16 + lane / 4, row_b = row_a + 8;
+  const int position_a = p.first_position + row_a / group + shift;  // last slot row a sees
+  const int position_b = p.first_position + row_b / group + shift;
+  const uint32_t q_rows = q_tile + warpgroup * 64 * 128;
+
+  float o[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+  float s[kBlockN / 2];
+  uint32_t pa[kBlockN / 16][4];
+  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
+  float rescale_a = 1.0f, rescale_b = 1.0f;
+
+  // S = Q K(block)^T, issued asynchronously once the producer has filled the block's stage.
+  auto issue_scores = [&](int block) {
+    const uint32_t k_tile = stage_tiles + (block % kStages) * Layout::kStageBytes;
+    named_barrier_sync(Layout::kFullBarrier + 2 * (block % kStages) + warpgroup,
+                       kProducerThreads + 128);
+    fence_registers(s);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t offset = (kk & 3) * 32;  // 16-element K slices inside a 128-byte row
+      const uint64_t a = sw128_descriptor(q_rows + (kk >> 2) * kBlockM * 128 + offset, 16, 1024);
+      const uint64_t b = sw128_descriptor(k_tile + (kk >> 2) * kBlockN * 128 + offset, 16, 1024);
+      wgmma_m64n128k16_ss(s, a, b, kk > 0 ? 1 : 0);
     }
-    cp_async_commit();
-    cp_async_wait<0>();
-    fence_proxy_async();
-    named_barrier_sync(Layout::kQueryBarrier + warpgroup, 128);
-
-    const int row_a = row0 + warpgroup * 64 + warp_in_group * 16 + lane / 4, row_b = row_a + 8;
-    const int position_a = p.first_position + row_a / group + shift;  // last slot row a sees
-    const int position_b = p.first_position + row_b / group + shift;
-    const uint32_t q_rows = q_tile + warpgroup * 64 * 128;
-
-    float o[kHeadDim / 2];
+    wgmma_commit();
+  };
+  // O += P V(block), asynchronously.
+  auto issue_values = [&](int block) {
+    const uint32_t v_tile =
+        stage_tiles + (block % kStages) * Layout::kStageBytes + Layout::kTileBytes;
+    fence_registers(o);
+    fence_fragments(pa);
+    wgmma_fence();
 #pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
-    float s[kBlockN / 2];
-    uint32_t pa[kBlockN / 16][4];
-    float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
-    float rescale_a = 1.0f, rescale_b = 1.0f;
-
-    // S = Q K(block)^T, issued asynchronously once the producer has filled the block's stage.
-    auto stage_of = [&](int block) { return (tile_base + block) % kStages; };
-    auto issue_scores = [&](int block) {
-      const uint32_t k_tile = stage_tiles + stage_of(block) * Layout::kStageBytes;
-      named_barrier_sync(Layout::kFullBarrier + 2 * stage_of(block) + warpgroup,
-                         kProducerThreads + 128);
-      fence_registers(s);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        const uint32_t offset = (kk & 3) * 32;  // 16-element K slices inside a 128-byte row
-        const uint64_t a = sw128_descriptor(q_rows + (kk >> 2) * kBlockM * 128 + offset, 16, 1024);
-        const uint64_t b = sw128_descriptor(k_tile + (kk >> 2) * kBlockN * 128 + offset, 16, 1024);
-        wgmma_m64n128k16_ss(s, a, b, kk > 0 ? 1 : 0);
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      // Keys 16kk.. of V: 8-key groups 1024 bytes apart, 64-column blocks kBlockN * 128 bytes
+      // apart.
+      const uint64_t b = sw128_descriptor(v_tile + kk * 16 * 128, kBlockN * 128, 1024);
+      if constexpr (kHeadDim == 128) {
+        wgmma_m64n128k16_rs_tb(o, pa[kk], b);
+      } else {
+        wgmma_m64n64k16_rs_tb(o, pa[kk], b);
       }
-      wgmma_commit();
-    };
-    // O += P V(block), asynchronously.
-    auto issue_values = [&](int block) {
-      const uint32_t v_tile =
-          stage_tiles + stage_of(block) * Layout::kStageBytes + Layout::kTileBytes;
-      fence_registers(o);
-      fence_fragments(pa);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        // Keys 16kk.. of V: 8-key groups 1024 bytes apart, 64-column blocks kBlockN * 128 bytes
-        // apart.
-        const uint64_t b = sw128_descriptor(v_tile + kk * 16 * 128, kBlockN * 128, 1024);
-        if constexpr (kHeadDim == 128) {
-          wgmma_m64n128k16_rs_tb(o, pa[kk], b);
-        } else {
-          wgmma_m64n64k16_rs_tb(o, pa[kk], b);
-        }
-      }
-      wgmma_commit();
-    };
-    auto release = [&](int block) {
-      if (tile_base + block + kStages < total_tiles)
-        named_barrier_arrive(Layout::kEmptyBarrier + stage_of(block), kThreads);
-    };
-    // Online softmax of S in place: mask, new running maxima, exponentials, sums; the factors that
-    // rescale O are kept for when O is free.
-    auto softmax = [&](int block) {
-      if ((block + 1) * kBlockN - 1 > min_position + shift) {  // a slot past some row's last
-#pragma unroll
-        for (int j = 0; j < kTilesN; ++j) {
-          const int key = block * kBlockN + 8 * j + 2 * t;
-          if (key > position_a) s[4 * j] = -INFINITY;
-          if (key + 1 > position_a) s[4 * j + 1] = -INFINITY;
-          if (key > position_b) s[4 * j + 2] = -INFINITY;
-          if (key + 1 > position_b) s[4 * j + 3] = -INFINITY;
-        }
-      }
-      float block_max_a = -INFINITY, block_max_b = -INFINITY;
+    }
+    wgmma_commit();
+  };
+  auto release = [&](int block) {
+    if (block + kStages < blocks)
+      named_barrier_arrive(Layout::kEmptyBarrier + block % kStages, kThreads);
+  };
+  // Online softmax of S in place: mask, new running maxima, exponentials, sums; the factors that
+  // rescale O are kept for when O is free.
+  auto softmax = [&](int block) {
+    if ((block + 1) * kBlockN - 1 > min_position + shift) {  // a slot past some row's last
 #pragma unroll
       for (int j = 0; j < kTilesN; ++j) {
-        block_max_a = fmaxf(block_max_a, fmaxf(s[4 * j], s[4 * j + 1]));
-        block_max_b = fmaxf(block_max_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        const int key = block * kBlockN + 8 * j + 2 * t;
+        if (key > position_a) s[4 * j] = -INFINITY;
+        if (key + 1 > position_a) s[4 * j + 1] = -INFINITY;
+        if (key > position_b) s[4 * j + 2] = -INFINITY;
+        if (key + 1 > position_b) s[4 * j + 3] = -INFINITY;
       }
-      const float new_max_a = fmaxf(max_a, quad_max(block_max_a) * p.scale_log2);
-      const float new_max_b = fmaxf(max_b, quad_max(block_max_b) * p.scale_log2);
-      const float reference_a = new_max_a == -INFINITY ? 0.0f : new_max_a;
-      const float reference_b = new_max_b == -INFINITY ? 0.0f : new_max_b;
-      rescale_a = fast_exp2(max_a - reference_a);
-      rescale_b = fast_exp2(max_b - reference_b);
-      max_a = new_max_a;
-      max_b = new_max_b;
-      float block_sum_a = 0.0f, block_sum_b = 0.0f;
+    }
+    float block_max_a = -INFINITY, block_max_b = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < kTilesN; ++j) {
-        s[4 * j] = fast_exp2(fmaf(s[4 * j], p.scale_log2, -reference_a));
-        s[4 * j + 1] = fast_exp2(fmaf(s[4 * j + 1], p.scale_log2, -reference_a));
-        s[4 * j + 2] = fast_exp2(fmaf(s[4 * j + 2], p.scale_log2, -reference_b));
-        s[4 * j + 3] = fast_exp2(fmaf(s[4 * j + 3], p.scale_log2, -reference_b));
-        block_sum_a += s[4 * j] + s[4 * j + 1];
-        block_sum_b += s[4 * j + 2] + s[4 * j + 3];
-      }
-      sum_a = sum_a * rescale_a + block_sum_a;
-      sum_b = sum_b * rescale_b + block_sum_b;
-    };
-    // Once no product reads O and P: rescale O, and turn S into the next P (bf16 A fragments).
-    auto rescale_and_pack = [&] {
+    for (int j = 0; j < kTilesN; ++j) {
+      block_max_a = fmaxf(block_max_a, fmaxf(s[4 * j], s[4 * j + 1]));
+      block_max_b = fmaxf(block_max_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    }
+    const float new_max_a = fmaxf(max_a, quad_max(block_max_a) * p.scale_log2);
+    const float new_max_b = fmaxf(max_b, quad_max(block_max_b) * p.scale_log2);
+    const float reference_a = new_max_a == -INFINITY ? 0.0f : new_max_a;
+    const float reference_b = new_max_b == -INFINITY ? 0.0f : new_max_b;
+    rescale_a = fast_exp2(max_a - reference_a);
+    rescale_b = fast_exp2(max_b - reference_b);
+    max_a = new_max_a;
+    max_b = new_max_b;
+    float block_sum_a = 0.0f, block_sum_b = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kTilesD; ++i) {
-        o[4 * i] *= rescale_a;
-        o[4 * i + 1] *= rescale_a;
-        o[4 * i + 2] *= rescale_b;
-        o[4 * i + 3] *= rescale_b;
-      }
+    for (int j = 0; j < kTilesN; ++j) {
+      s[4 * j] = fast_exp2(fmaf(s[4 * j], p.scale_log2, -reference_a));
+      s[4 * j + 1] = fast_exp2(fmaf(s[4 * j + 1], p.scale_log2, -reference_a));
+      s[4 * j + 2] = fast_exp2(fmaf(s[4 * j + 2], p.scale_log2, -reference_b));
+      s[4 * j + 3] = fast_exp2(fmaf(s[4 * j + 3], p.scale_log2, -reference_b));
+      block_sum_a += s[4 * j] + s[4 * j + 1];
+      block_sum_b += s[4 * j + 2] + s[4 * j + 3];
+    }
+    sum_a = sum_a * rescale_a + block_sum_a;
+    sum_b = sum_b * rescale_b + block_sum_b;
+  };
+  // Once no product reads O and P: rescale O, and turn S into the next P (bf16 A fragments).
+  auto rescale_and_pack = [&] {
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        pa[kk][0] = pack_bf16(s[8 * kk], s[8 * kk + 1]);
-        pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-      }
-    };
+    for (int i = 0; i < kTilesD; ++i) {
+      o[4 * i] *= rescale_a;
+      o[4 * i + 1] *= rescale_a;
+      o[4 * i + 2] *= rescale_b;
+      o[4 * i + 3] *= rescale_b;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      pa[kk][0] = pack_bf16(s[8 * kk], s[8 * kk + 1]);
+      pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
 
-    if constexpr (kPipelined) {
-      // Ping-pong (FlashAttention-3): the warpgroups take turns to issue their products, so that
-      // one's products run on the tensor cores while the other computes its softmax. A turn ends
-      // with the other warpgroup's barrier; warpgroup 0 has the first turn, and warpgroup 1 does
-      // not hand over after its last, which nobody would wait for.
-      auto take_turn = [&] { named_barrier_sync(Layout::kScheduleBarrier + warpgroup, 256); };
-      auto end_turn = [&] { named_barrier_arrive(Layout::kScheduleBarrier + 1 - warpgroup, 256); };
-      if (warpgroup == 1) end_turn();
+  if constexpr (kPipelined) {
+    // Ping-pong (FlashAttention-3): the warpgroups take turns to issue their products, so that
+    // one's products run on the tensor cores while the other computes its softmax. A turn ends
+    // with the other warpgroup's barrier; warpgroup 0 has the first turn, and warpgroup 1 does not
+    // hand over after its last, which nobody would wait for.
+    auto take_turn = [&] { named_barrier_sync(Layout::kScheduleBarrier + warpgroup, 256); };
+    auto end_turn = [&] { named_barrier_arrive(Layout::kScheduleBarrier + 1 - warpgroup, 256); };
+    if (warpgroup == 1) end_turn();
+    take_turn();
+    issue_scores(0);
+    end_turn();
+    wgmma_wait<0>();
+    fence_registers(s);
+    softmax(0);
+    rescale_and_pack();
+    for (int block = 1; block < blocks; ++block) {
       take_turn();
-      issue_scores(0);
+      issue_scores(block);
+      issue_values(block - 1);
       end_turn();
-      wgmma_wait<0>();
+      wgmma_wait<1>();  // the scores are in; P V of the previous block may still run
       fence_registers(s);
-      softmax(0);
-      rescale_and_pack();
-      for (int block = 1; block < blocks; ++block) {
-        take_turn();
-        issue_scores(block);
-        issue_values(block - 1);
-        end_turn();
-        wgmma_wait<1>();  // the scores are in; P V of the previous block may still run
-        fence_registers(s);
-        softmax(block);
-        wgmma_wait<0>();
-        fence_registers(o);
-        fence_fragments(pa);
-        release(block - 1);
-        rescale_and_pack();
-      }
-      take_turn();
-      issue_values(blocks - 1);
-      if (warpgroup == 0) end_turn();
+      softmax(block);
       wgmma_wait<0>();
       fence_registers(o);
       fence_fragments(pa);
-    } else {
-      for (int block = 0; block < blocks; ++block) {
-        issue_scores(block);
-        wgmma_wait<0>();
-        fence_registers(s);
-        softmax(block);
-        rescale_and_pack();
-        issue_values(block);
-        wgmma_wait<0>();
-        fence_registers(o);
-        fence_fragments(pa);
-        release(block);
-      }
+      release(block - 1);
+      rescale_and_pack();
     }
+    take_turn();
+    issue_values(blocks - 1);
+    if (warpgroup == 0) end_turn();
+    wgmma_wait<0>();
+    fence_registers(o);
+    fence_fragments(pa);
+  } else {
+    for (int block = 0; block < blocks; ++block) {
+      issue_scores(block);
+      wgmma_wait<0>();
+      fence_registers(s);
+      softmax(block);
+      rescale_and_pack();
+      issue_values(block);
+      wgmma_wait<0>();
+      fence_registers(o);
+      fence_fragments(pa);
+      release(block);
+    }
+  }
 
-    sum_a = quad_sum(sum_a);
-    sum_b = quad_sum(sum_b);
-    const float inverse_a = sum_a > 0.0f ? 1.0f / sum_a : 0.0f;
-    const float inverse_b = sum_b > 0.0f ? 1.0f / sum_b : 0.0f;
+  sum_a = quad_sum(sum_a);
+  sum_b = quad_sum(sum_b);
+  const float inverse_a = sum_a > 0.0f ? 1.0f / sum_a : 0.0f;
+  const float inverse_b = sum_b > 0.0f ? 1.0f / sum_b : 0.0f;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = half == 0 ? row_a : row_b;
-      if (row >= p.rows) continue;
-      const float inverse = half == 0 ? inverse_a : inverse_b;
-      bf16* out = p.out + packed_row_offset(row, group, kv_head, p.out_token_stride, kHeadDim);
+  for (int half = 0; half < 2; ++half) {
+    const int row = half == 0 ? row_a : row_b;
+    if (row >= p.rows) continue;
+    const float inverse = half == 0 ? inverse_a : inverse_b;
+    bf16* out = p.out + packed_row_offset(row, group, kv_head, p.out_token_stride, kHeadDim);
 #pragma unroll
-      for (int i = 0; i < kTilesD; ++i) {
-        *reinterpret_cast<uint32_t*>(out + 8 * i + 2 * t) =
-            pack_bf16(o[4 * i + 2 * half] * inverse, o[4 * i + 2 * half + 1] * inverse);
-      }
+    for (int i = 0; i < kTilesD; ++i) {
+      *reinterpret_cast<uint32_t*>(out + 8 * i + 2 * t) =
+          pack_bf16(o[4 * i + 2 * half] * inverse, o[4 * i + 2 * half + 1] * inverse);
     }
-    tile_base += blocks;
-  }     // row blocks
+  }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
@@ -601,8 +549,7 @@ void launch(const KernelParams<kSparse>& params, cudaStream_t stream) {
   }();
   (void)configured;
   const int64_t row_blocks = (static_cast<int64_t>(params.rows) + kBlockM - 1) / kBlockM;
-  const int64_t sparse_ctas = (row_blocks + kSparseRowBlocks - 1) / kSparseRowBlocks;
-  const dim3 grid = kSparse ? dim3(static_cast<unsigned>(sparse_ctas * params.kv_heads))
+  const dim3 grid = kSparse ? dim3(static_cast<unsigned>(row_blocks * params.kv_heads))
                             : dim3(static_cast<unsigned>(row_blocks), params.kv_heads);
   flash_wgmma_kernel<kHeadDim, kPipelined, kSparse>
       <<<grid, kThreads, kSharedBytes, stream>>>(params);
