@@ -82,6 +82,16 @@ TEST(Cli, BenchDeviceAndMethodErrorsAreClear) {
   expect_error(run_cli("bench --random-model llama-100m -p 64 --methods entropy"), "--methods");
   expect_error(run_cli("bench --random-model no-such-shape -p 64"), "no-such-shape");
   expect_error(run_cli("bench --random-model llama-100m -p 64 --stage-times"), "--stage-times");
+  expect_error(run_cli("bench --random-model llama-100m -p 64 --gemm-tuning burst"),
+               "--gemm-tuning");
+  expect_error(run_cli("bench --random-model llama-100m -p 64 --profile-decode-step 3"),
+               "--profile-decode-step");
+  // Nonsense values of the GPU-only options are refused on any device.
+  expect_error(run_cli("bench --device cuda --random-model llama-100m -p 64 --gemm-tuning fast"),
+               "--gemm-tuning");
+  expect_error(
+      run_cli("bench --device cuda --random-model llama-100m -p 64 -n 8 --profile-decode-step 8"),
+      "not 8");
   // Nonsense lengths are refused before any model is built, on either device.
   for (const char* device : {"cpu", "cuda"}) {
     const std::string base = std::string("bench --device ") + device + " --random-model llama-100m";

@@ -41,7 +41,7 @@ struct BenchArgs {
   std::string markdown_path;
   int chunk_tokens = 16384;
   bool stage_times = false;
-  std::string gemm_tuning = "burst";
+  std::string gemm_tuning;  // empty: the engine's default (burst)
   int profile_decode_step = -1;
   AttentionOptions attention;
 };
@@ -58,7 +58,8 @@ std::string describe_command(const BenchArgs& args) {
   text << " -n " << args.decode_tokens << " -r " << args.repetitions << " --methods ";
   for (size_t i = 0; i < args.methods.size(); ++i) text << (i ? "," : "") << args.methods[i];
   if (args.stage_times) text << " --stage-times";
-  if (args.gemm_tuning != "burst") text << " --gemm-tuning " << args.gemm_tuning;
+  if (!args.gemm_tuning.empty()) text << " --gemm-tuning " << args.gemm_tuning;
+  if (args.profile_decode_step >= 0) text << " --profile-decode-step " << args.profile_decode_step;
   return text.str();
 }
 
@@ -71,7 +72,7 @@ void run_bench_on_cuda(const BenchArgs& args) {
   cuda_args.repetitions = args.repetitions;
   cuda_args.chunk_tokens = args.chunk_tokens;
   cuda_args.stage_times = args.stage_times;
-  cuda_args.gemm_tuning = args.gemm_tuning;
+  cuda_args.gemm_tuning = args.gemm_tuning.empty() ? "burst" : args.gemm_tuning;
   cuda_args.profile_decode_step = args.profile_decode_step;
   cuda_args.methods = args.methods;
   cuda_args.base = args.attention.resolve();
@@ -142,6 +143,16 @@ void check_common_flags(const BenchArgs& args) {
     throw Error("--chunk must be >= 1 prompt token per pass, not " +
                 std::to_string(args.chunk_tokens));
   }
+  if (!args.gemm_tuning.empty() && args.gemm_tuning != "heuristic" && args.gemm_tuning != "burst" &&
+      args.gemm_tuning != "sustained") {
+    throw Error("--gemm-tuning must be heuristic, burst or sustained, not '" + args.gemm_tuning +
+                "'");
+  }
+  if (args.profile_decode_step < -1 || args.profile_decode_step >= args.decode_tokens) {
+    throw Error("--profile-decode-step must name one of the " + std::to_string(args.decode_tokens) +
+                " decode steps (0.." + std::to_string(args.decode_tokens - 1) + "), not " +
+                std::to_string(args.profile_decode_step));
+  }
 }
 
 void run_bench(const BenchArgs& args) {
@@ -158,6 +169,10 @@ void run_bench(const BenchArgs& args) {
   }
   if (args.stage_times)
     throw Error("--stage-times: the breakdown is of GPU prefills (--device cuda)");
+  if (!args.gemm_tuning.empty())
+    throw Error("--gemm-tuning: it chooses cuBLASLt algorithms (--device cuda)");
+  if (args.profile_decode_step >= 0)
+    throw Error("--profile-decode-step: it brackets a GPU decode step (--device cuda)");
   ModelWeights weights = args.model.empty()
                              ? make_random_model(random_model_config(args.random_model), 1234)
                              : load_model_with_progress(args.model);
@@ -275,13 +290,11 @@ void register_bench(CLI::App& app) {
                     "down by part (products, pointwise kernels, estimate, attention...)");
   command->add_option("--chunk", args->chunk_tokens, "cuda: prompt tokens per matrix-product pass")
       ->capture_default_str();
-  command
-      ->add_option("--gemm-tuning", args->gemm_tuning,
-                   "cuda: how whole-chunk products pick their cuBLASLt algorithm: heuristic, "
-                   "burst (fastest of eight in a short burst) or sustained (fastest of eight at "
-                   "the power cap)")
-      ->check(CLI::IsMember({"heuristic", "burst", "sustained"}))
-      ->capture_default_str();
+  command->add_option(
+      "--gemm-tuning", args->gemm_tuning,
+      "cuda: how whole-chunk products pick their cuBLASLt algorithm: heuristic, "
+      "burst (fastest of eight in a short burst; the default) or sustained (fastest "
+      "of eight at the power cap)");
   command->add_option("--profile-decode-step", args->profile_decode_step,
                       "cuda: bracket decode step N of each row's first repetition with "
                       "cudaProfilerStart/Stop (for a profiler run with --profile-from-start off)");
