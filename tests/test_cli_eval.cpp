@@ -70,10 +70,13 @@ TEST_F(EvalFixture, RunsEveryMethodAtEveryLevelAndWritesTheReports) {
   const std::string json_path = test_temp_path("eval.json");
   const std::string markdown_path = test_temp_path("eval.md");
   const std::string plots = test_temp_path("plots");
-  // Segments of 64 so that 1024-token prompts have sparse segments at both levels.
+  // Segments of 64 so that 1024-token prompts have sparse segments at both levels. The fixture has
+  // two layers: the last runs its last row alone, so the first must not be dense for a sparse
+  // prefill to read fewer keys.
   const CommandResult result =
       run_cli("eval -m " + model() + " --text-dir " + text_dir() +
-              " --samples 1 --lengths 1024 --budgets 64,128 --segment-size 64 --threads 2"
+              " --samples 1 --lengths 1024 --budgets 64,128 --segment-size 64 --dense-layers 0"
+              " --threads 2"
               " --json " +
               json_path + " --markdown " + markdown_path + " --plots " + plots);
   ASSERT_EQ(result.exit_code, 0) << result.err;

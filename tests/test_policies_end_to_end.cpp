@@ -2,6 +2,7 @@
 // parameters are scaled down: segment 64, block 4, threshold 128, budgets of a few dozen tokens).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -92,6 +93,48 @@ TEST_F(PoliciesOnStories, FullAttentionThroughThePolicyPathGivesTheDenseTokens) 
                    &work),
             expected);
   EXPECT_EQ(work.prefill_keys_read, work.prefill_keys_dense);
+}
+
+// Without all_logits the last layer runs attention and MLP for the prompt's last row only. Its
+// logits are the last row of an all-logits pass (relative 1e-5: the sparse path sums the last row's
+// dense attention in another order), the caches it leaves decode the same tokens, and the keys
+// counted replace the last layer's triangle with one row.
+TEST_F(PoliciesOnStories, PrunedLastLayerGivesTheLastRowsLogitsAndTheSameCache) {
+  const int64_t n = static_cast<int64_t>(prompt_.size());
+  const int64_t vocab = weights_->config.vocab_size;
+  for (PrefillMethod prefill : {PrefillMethod::kFull, PrefillMethod::kEntropy}) {
+    SCOPED_TRACE(prefill_method_name(prefill));
+    const AttentionConfig config = scaled_config(prefill, DecodeMethod::kLatent);
+    Transformer pruned(*weights_, 0, config), whole(*weights_, 0, config);
+    std::vector<float> last = pruned.forward(prompt_);
+    const std::vector<float> all = whole.forward(prompt_, true);
+    ASSERT_EQ(all.size(), static_cast<size_t>(n * vocab));
+    double difference = 0, norm = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double expected = all[static_cast<size_t>((n - 1) * vocab + v)];
+      difference +=
+          (last[static_cast<size_t>(v)] - expected) * (last[static_cast<size_t>(v)] - expected);
+      norm += expected * expected;
+    }
+    EXPECT_LE(std::sqrt(difference / norm), 1e-5);
+    const AttentionWork& work = pruned.attention_work();
+    const AttentionWork& whole_work = whole.attention_work();
+    const int64_t kv_heads = weights_->config.num_kv_heads;
+    EXPECT_EQ(work.prefill_keys_dense,
+              whole_work.prefill_keys_dense - kv_heads * n * (n + 1) / 2 + kv_heads * n);
+    if (prefill == PrefillMethod::kFull) {
+      EXPECT_EQ(work.prefill_keys_read, work.prefill_keys_dense);
+    }
+    // The same tokens through the latent compression (after 8 generated tokens).
+    std::vector<float> other(all.end() - vocab, all.end());
+    for (int step = 0; step < 24; ++step) {
+      const int32_t token = argmax(other);
+      ASSERT_EQ(argmax(last), token) << "step " << step;
+      last = pruned.forward(std::span(&token, 1));
+      other = whole.forward(std::span(&token, 1));
+    }
+    EXPECT_TRUE(pruned.attention_work().compressed);
+  }
 }
 
 TEST_F(PoliciesOnStories, EveryPrefillAndDecodeMethodGeneratesAndDoesLessWork) {

@@ -295,9 +295,25 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
   }
   const RopeTables rope = rope_tables(c, first_position, n);
 
+  // What a prefill policy plans from: the span's queries and the layer's cache.
+  const auto prefill_inputs = [&](int layer_index) {
+    PrefillInputs inputs;
+    inputs.queries = s.q.data();
+    inputs.keys = s.cache[layer_index].keys.data();
+    inputs.key_stride = s.cache[layer_index].capacity;
+    inputs.num_tokens = n;
+    inputs.num_q_heads = c.num_heads;
+    inputs.num_kv_heads = c.num_kv_heads;
+    inputs.head_dim = static_cast<int>(head_dim);
+    inputs.layer = layer_index;
+    return inputs;
+  };
   for (int layer_index = 0; layer_index < c.num_layers; ++layer_index) {
     const LayerWeights& layer = w.layers[layer_index];
     LayerCache& cache = s.cache[layer_index];
+    // Without all_logits only the span's last row reads anything from the last layer (through the
+    // logits): the other rows get its keys, values and window queries but no attention or MLP.
+    const bool last_row_only = !all_logits && n > 1 && layer_index == c.num_layers - 1;
     for (int64_t t0 = 0; t0 < n; t0 += chunk) {
       const int64_t m = std::min(chunk, n - t0);
       float* q = s.q.data() + t0 * q_width;
@@ -354,6 +370,27 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
       shape.per_query_head = cache.heads != c.num_kv_heads;
       cpu::compressed_decode_attention(s.q.data(), key_heads.data(), value_heads.data(),
                                        lengths.data(), shape, s.attention_out.data());
+    } else if (last_row_only) {
+      // The last layer without all_logits: the span's last row alone, which every method reads
+      // densely (the last segment is never sparse). A policy still plans the layer when plans
+      // are recorded, so that they describe every layer.
+      if (plan_this_span) {
+        if (s.record_plans) s.plans.push_back(s.prefill_policy->plan(prefill_inputs(layer_index)));
+        const int64_t row_keys = static_cast<int64_t>(c.num_kv_heads) * n;
+        s.work.prefill_keys_read += row_keys;
+        s.work.prefill_keys_dense += row_keys;
+      }
+      cpu::AttentionShape shape;
+      shape.tokens = 1;
+      shape.q_heads = c.num_heads;
+      shape.kv_heads = c.num_kv_heads;
+      shape.head_dim = head_dim;
+      shape.first_position = first_position + n - 1;
+      shape.cache_stride = cache.capacity;
+      shape.window = sliding_window;
+      shape.scale = scale;
+      cpu::causal_attention(s.q.data() + (n - 1) * q_width, cache.keys.data(), cache.values.data(),
+                            shape, s.attention_out.data() + (n - 1) * q_width);
     } else {
       cpu::AttentionShape shape;
       shape.tokens = n;
@@ -366,16 +403,7 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
       shape.scale = scale;
       bool done = false;
       if (plan_this_span) {
-        PrefillInputs inputs;
-        inputs.queries = s.q.data();
-        inputs.keys = cache.keys.data();
-        inputs.key_stride = cache.capacity;
-        inputs.num_tokens = n;
-        inputs.num_q_heads = c.num_heads;
-        inputs.num_kv_heads = c.num_kv_heads;
-        inputs.head_dim = static_cast<int>(head_dim);
-        inputs.layer = layer_index;
-        LayerPrefillPlan plan = s.prefill_policy->plan(inputs);
+        LayerPrefillPlan plan = s.prefill_policy->plan(prefill_inputs(layer_index));
         s.work.prefill_keys_read += plan.keys_read();
         s.work.prefill_keys_dense += plan.keys_read_dense();
         if (!plan.dense) {
@@ -392,7 +420,7 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
       }
     }
 
-    for (int64_t t0 = 0; t0 < n; t0 += chunk) {
+    for (int64_t t0 = last_row_only ? n - 1 : 0; t0 < n; t0 += chunk) {
       const int64_t m = std::min(chunk, n - t0);
       float* residual = s.hidden.data() + t0 * hidden;
       cpu::linear(s.attention_out.data() + t0 * q_width, m, q_width, layer.o_proj.data,
