@@ -335,7 +335,6 @@ __global__ void embedding_kernel(const bf16* table, const int32_t* ids, int64_t 
   out[i] = __bfloat162float(table[static_cast<int64_t>(ids[i / hidden]) * hidden + i % hidden]);
 }
 
-// One block per row; ties go to the smaller index, as std::max_element does.
 // (value, index) pairs ordered as std::max_element reads a row: the larger value wins, and of equal
 // values the smaller index.
 struct ArgmaxCandidate {
@@ -594,6 +593,20 @@ float median_run_ms(EventStopwatch& stopwatch, cudaStream_t stream,
   return times[kTuneRuns / 2];
 }
 
+// Which of the timed choices (ms each; negative for one that did not run) to keep: the first that
+// ran, unless a later one is faster by kTuneMargin. With three runs and no margin an earlier
+// version picked a cuBLASLt candidate 8% slower than the heuristic's first choice in steady use.
+// -1 when none ran.
+int fastest_with_margin(const std::vector<float>& times) {
+  int best = -1;
+  for (int i = 0; i < static_cast<int>(times.size()); ++i) {
+    const float ms = times[static_cast<size_t>(i)];
+    if (ms < 0) continue;
+    if (best < 0 || ms < times[static_cast<size_t>(best)] * (1.0f - kTuneMargin)) best = i;
+  }
+  return best;
+}
+
 // Sustained timing: back-to-back runs for kSustainedMs untimed, then the mean over as many again,
 // timed as one span. Long enough for the GPU's power limiter to have pulled the clock down when the
 // product draws more than the cap allows, as it does through a long prefill.
@@ -642,7 +655,10 @@ Blas::~Blas() {
 }
 
 Blas::Plan& Blas::plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride, bool fp32_out,
-                           bool sweep) {
+                           int sweep_candidates) {
+  // A sweep's plan has a key of its own (a negative stride, which no product uses), so that the
+  // plans products run are left as they are.
+  const bool sweep = sweep_candidates > 0;
   const auto key = std::make_tuple(tokens, in, out, sweep ? int64_t{-1} : y_stride, fp32_out);
   if (auto found = plans_.find(key); found != plans_.end()) return *found->second;
   auto* plan = new Plan;
@@ -669,9 +685,10 @@ Blas::Plan& Blas::plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_st
     const uint64_t workspace_bytes = workspace_.bytes();
     cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                          &workspace_bytes, sizeof(workspace_bytes));
-    const int wanted = tokens >= autotune_min_tokens_
-                           ? std::clamp(autotune_candidates_, 1, Plan::kMaxCandidates)
-                           : 1;
+    const int asked = sweep                            ? sweep_candidates
+                      : tokens >= autotune_min_tokens_ ? autotune_candidates_
+                                                       : 1;
+    const int wanted = std::clamp(asked, 1, Plan::kMaxCandidates);
     cublasLtMatmulHeuristicResult_t results[Plan::kMaxCandidates] = {};
     int found = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
@@ -702,7 +719,7 @@ Blas::Plan& Blas::plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_st
 // sustained mean), all writing a scratch output with beta 0 (an accumulating product must not add
 // its candidates' results to y). A candidate that refuses the operands gets -1.
 std::vector<float> Blas::time_plan_candidates(const Plan& plan, int count, const bf16* x,
-                                              const bf16* w, void* scratch) {
+                                              const bf16* w, void* scratch, TuneLoad load) {
   EventStopwatch stopwatch;
   const float alpha = 1.0f, beta = 0.0f;
   std::vector<float> times(static_cast<size_t>(count), -1.0f);
@@ -716,16 +733,14 @@ std::vector<float> Blas::time_plan_candidates(const Plan& plan, int count, const
     };
     if (launch() != CUBLAS_STATUS_SUCCESS) continue;
     times[static_cast<size_t>(candidate)] =
-        autotune_load_ == TuneLoad::kSustained
-            ? sustained_run_ms(stopwatch, stream_, [&] { launch(); })
-            : median_run_ms(stopwatch, stream_, [&] { launch(); });
+        load == TuneLoad::kSustained ? sustained_run_ms(stopwatch, stream_, [&] { launch(); })
+                                     : median_run_ms(stopwatch, stream_, [&] { launch(); });
   }
   check(cudaStreamSynchronize(stream_), "autotune");
   return times;
 }
 
-// The heuristic's first choice stays unless another is faster by kTuneMargin: with three runs and
-// no margin an earlier version picked a candidate 8% slower than the heuristic's in steady use.
+// The heuristic's first choice stays unless another is faster by kTuneMargin (fastest_with_margin).
 void Blas::tune(Plan& plan, const bf16* x, const bf16* w) {
   const int count = std::exchange(plan.candidate_count, 0);  // tuned at most once, whatever happens
   if (capturing(stream_)) return;
@@ -736,45 +751,23 @@ void Blas::tune(Plan& plan, const bf16* x, const bf16* w) {
     cudaGetLastError();  // no room to tune: keep the heuristic's choice
     return;
   }
-  const std::vector<float> times = time_plan_candidates(plan, count, x, w, scratch.data());
-  float best_ms = 0;
-  for (int candidate = 0; candidate < count; ++candidate) {
-    const float ms = times[static_cast<size_t>(candidate)];
-    if (ms < 0) continue;
-    if (best_ms == 0 || ms < best_ms * (1.0f - kTuneMargin)) {  // the first that runs, then faster
-      best_ms = ms;
-      plan.algorithm = plan.candidates[candidate];
-      plan.chosen = candidate;
-    }
-  }
+  const int chosen =
+      fastest_with_margin(time_plan_candidates(plan, count, x, w, scratch.data(), autotune_load_));
+  if (chosen < 0) return;  // none ran: the heuristic's choice stays
+  plan.algorithm = plan.candidates[chosen];
+  plan.chosen = chosen;
 }
 
 std::vector<float> Blas::time_candidates(const bf16* x, int64_t tokens, int64_t in, const bf16* w,
                                          int64_t out, bool fp32_out, int candidates,
                                          TuneLoad load) {
-  const int saved_candidates = std::exchange(autotune_candidates_, candidates);
-  const int64_t saved_min_tokens = std::exchange(autotune_min_tokens_, 1);
-  const TuneLoad saved_load = std::exchange(autotune_load_, load);
-  // A plan of its own (the key's stride is negative, which no product uses), so that the plans
-  // that products run are left as they are.
-  struct Restore {
-    Blas& blas;
-    int candidates;
-    int64_t min_tokens;
-    TuneLoad load;
-    ~Restore() {
-      blas.autotune_candidates_ = candidates;
-      blas.autotune_min_tokens_ = min_tokens;
-      blas.autotune_load_ = load;
-    }
-  } restore{*this, saved_candidates, saved_min_tokens, saved_load};
-  Plan& plan = plan_for(tokens, in, out, out, fp32_out, /*sweep=*/true);
-  if (plan.candidate_count == 0) {
+  Plan& plan = plan_for(tokens, in, out, out, fp32_out, std::max(1, candidates));
+  if (plan.candidate_count == 0) {  // the heuristic offered one algorithm
     plan.candidates[0] = plan.algorithm;
     plan.candidate_count = 1;
   }
   DeviceBuffer<uint8_t> scratch(plan.output_bytes);
-  return time_plan_candidates(plan, plan.candidate_count, x, w, scratch.data());
+  return time_plan_candidates(plan, plan.candidate_count, x, w, scratch.data(), load);
 }
 
 int Blas::chosen_candidate(int64_t tokens, int64_t in, int64_t out, bool fp32_out) const {
@@ -834,8 +827,7 @@ std::pair<int, int> Blas::gemv_configuration(const bf16* x, int64_t in, const bf
     return fallback;
   }
   EventStopwatch stopwatch;
-  std::pair<int, int> best = fallback;
-  float best_ms = 0;
+  std::vector<float> times;
   for (const auto& [in_flight, threads] : kGemvConfigurations) {
     auto launch = [&, in_flight = in_flight, threads = threads] {
       if (fp32_out) {
@@ -847,13 +839,11 @@ std::pair<int, int> Blas::gemv_configuration(const bf16* x, int64_t in, const bf
       }
     };
     launch();
-    const float median_ms = median_run_ms(stopwatch, stream_, launch);
-    if (best_ms == 0 || median_ms < best_ms * (1.0f - kTuneMargin)) {  // the default first
-      best_ms = median_ms;
-      best = {in_flight, threads};
-    }
+    times.push_back(median_run_ms(stopwatch, stream_, launch));
   }
   check(cudaStreamSynchronize(stream_), "GEMV tuning");
+  // The default is listed first, so it stays unless another is faster by the margin.
+  const std::pair<int, int> best = kGemvConfigurations[fastest_with_margin(times)];
   gemv_configurations_.emplace(key, best);
   return best;
 }

@@ -73,12 +73,13 @@ class Blas {
 
  private:
   struct Plan;
+  // sweep_candidates > 0: a plan apart from the products', listing that many candidates.
   Plan& plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride, bool fp32_out,
-                 bool sweep = false);
+                 int sweep_candidates = 0);
   void run(Plan& plan, const bf16* x, const bf16* w, void* y, bool accumulate);
   void tune(Plan& plan, const bf16* x, const bf16* w);
   std::vector<float> time_plan_candidates(const Plan& plan, int count, const bf16* x, const bf16* w,
-                                          void* scratch);
+                                          void* scratch, TuneLoad load);
   std::pair<int, int> gemv_configuration(const bf16* x, int64_t in, const bf16* w, int64_t out,
                                          bool fp32_out, bool accumulate);
 

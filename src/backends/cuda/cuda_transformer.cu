@@ -450,17 +450,11 @@ struct CudaTransformer::State {
     const int64_t whole_chunk = sparse_prefill(attention)
                                     ? layer_major_chunk(chunk, attention.prefill_params.block_size)
                                     : chunk;
-    switch (options.gemm_tuning) {
-      case CudaModelOptions::GemmTuning::kHeuristic:
-        blas.set_autotune(0);
-        break;
-      case CudaModelOptions::GemmTuning::kBurst:
-        blas.set_autotune(8, std::max<int64_t>(2, whole_chunk), Blas::TuneLoad::kBurst);
-        break;
-      case CudaModelOptions::GemmTuning::kSustained:
-        blas.set_autotune(8, std::max<int64_t>(2, whole_chunk), Blas::TuneLoad::kSustained);
-        break;
-    }
+    using GemmTuning = CudaModelOptions::GemmTuning;
+    blas.set_autotune(options.gemm_tuning == GemmTuning::kHeuristic ? 0 : 8,
+                      std::max<int64_t>(2, whole_chunk),
+                      options.gemm_tuning == GemmTuning::kSustained ? Blas::TuneLoad::kSustained
+                                                                    : Blas::TuneLoad::kBurst);
     blas.set_gemv_tuning(true);
     estimator.reset();
     compressor.reset();
