@@ -370,39 +370,28 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
       shape.per_query_head = cache.heads != c.num_kv_heads;
       cpu::compressed_decode_attention(s.q.data(), key_heads.data(), value_heads.data(),
                                        lengths.data(), shape, s.attention_out.data());
-    } else if (last_row_only) {
-      // The last layer without all_logits: the span's last row alone, which every method reads
-      // densely (the last segment is never sparse). A policy still plans the layer when plans
-      // are recorded, so that they describe every layer.
-      if (plan_this_span) {
-        if (s.record_plans) s.plans.push_back(s.prefill_policy->plan(prefill_inputs(layer_index)));
-        const int64_t row_keys = static_cast<int64_t>(c.num_kv_heads) * n;
-        s.work.prefill_keys_read += row_keys;
-        s.work.prefill_keys_dense += row_keys;
-      }
-      cpu::AttentionShape shape;
-      shape.tokens = 1;
-      shape.q_heads = c.num_heads;
-      shape.kv_heads = c.num_kv_heads;
-      shape.head_dim = head_dim;
-      shape.first_position = first_position + n - 1;
-      shape.cache_stride = cache.capacity;
-      shape.window = sliding_window;
-      shape.scale = scale;
-      cpu::causal_attention(s.q.data() + (n - 1) * q_width, cache.keys.data(), cache.values.data(),
-                            shape, s.attention_out.data() + (n - 1) * q_width);
     } else {
+      // The span's rows, or in the last layer without all_logits its last row alone, which every
+      // method reads densely (the last segment is never sparse).
+      const int64_t first_row = last_row_only ? n - 1 : 0;
       cpu::AttentionShape shape;
-      shape.tokens = n;
+      shape.tokens = n - first_row;
       shape.q_heads = c.num_heads;
       shape.kv_heads = c.num_kv_heads;
       shape.head_dim = head_dim;
-      shape.first_position = first_position;
+      shape.first_position = first_position + first_row;
       shape.cache_stride = cache.capacity;
       shape.window = sliding_window;
       shape.scale = scale;
       bool done = false;
-      if (plan_this_span) {
+      if (plan_this_span && last_row_only) {
+        // A policy still plans the layer when plans are recorded, so that they describe every
+        // layer; the keys read are the last row's.
+        if (s.record_plans) s.plans.push_back(s.prefill_policy->plan(prefill_inputs(layer_index)));
+        const int64_t row_keys = static_cast<int64_t>(c.num_kv_heads) * n;
+        s.work.prefill_keys_read += row_keys;
+        s.work.prefill_keys_dense += row_keys;
+      } else if (plan_this_span) {
         LayerPrefillPlan plan = s.prefill_policy->plan(prefill_inputs(layer_index));
         s.work.prefill_keys_read += plan.keys_read();
         s.work.prefill_keys_dense += plan.keys_read_dense();
@@ -415,8 +404,9 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
         if (s.record_plans) s.plans.push_back(std::move(plan));
       }
       if (!done) {
-        cpu::causal_attention(s.q.data(), cache.keys.data(), cache.values.data(), shape,
-                              s.attention_out.data());
+        cpu::causal_attention(s.q.data() + first_row * q_width, cache.keys.data(),
+                              cache.values.data(), shape,
+                              s.attention_out.data() + first_row * q_width);
       }
     }
 

@@ -143,8 +143,7 @@ void check_common_flags(const BenchArgs& args) {
     throw Error("--chunk must be >= 1 prompt token per pass, not " +
                 std::to_string(args.chunk_tokens));
   }
-  if (!args.gemm_tuning.empty() && args.gemm_tuning != "heuristic" && args.gemm_tuning != "burst" &&
-      args.gemm_tuning != "sustained") {
+  if (!args.gemm_tuning.empty() && gemm_tuning_index(args.gemm_tuning) < 0) {
     throw Error("--gemm-tuning must be heuristic, burst or sustained, not '" + args.gemm_tuning +
                 "'");
   }

@@ -80,17 +80,13 @@ void run_cuda_bench(const CudaBenchArgs& args) {
   options.context_length = longest + args.decode_tokens;
   options.chunk_tokens = args.chunk_tokens;
   options.decode_room = args.decode_tokens + 16;
+  const int tuning = gemm_tuning_index(args.gemm_tuning);
+  if (tuning < 0) throw Error("--gemm-tuning: unknown mode '" + args.gemm_tuning + "'");
   using GemmTuning = cuda::CudaModelOptions::GemmTuning;
-  if (args.gemm_tuning == "heuristic") {
-    options.gemm_tuning = GemmTuning::kHeuristic;
-  } else if (args.gemm_tuning == "burst") {
-    options.gemm_tuning = GemmTuning::kBurst;
-  } else if (args.gemm_tuning == "sustained") {
-    options.gemm_tuning = GemmTuning::kSustained;
-  } else {
-    throw Error("--gemm-tuning: unknown '" + args.gemm_tuning +
-                "' (known: heuristic, burst, sustained)");
-  }
+  static_assert(static_cast<int>(GemmTuning::kHeuristic) == 0 &&
+                    static_cast<int>(GemmTuning::kSustained) == 2,
+                "kGemmTuningModes lists the modes in the enum's order");
+  options.gemm_tuning = static_cast<GemmTuning>(tuning);
   std::fprintf(stderr, "measuring the GPU's copy bandwidth...\n");
   // Best of the timed copies: the floors below are what the GPU can do at most.
   const double bandwidth = cuda::measure_copy_bandwidth().best_bytes_per_second;

@@ -2,12 +2,25 @@
 // per prompt length and attention method.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attention/attention_config.h"
 
 namespace entropyinfer::cli {
+
+// --gemm-tuning's modes, in the order of cuda::CudaModelOptions::GemmTuning.
+inline constexpr std::array<std::string_view, 3> kGemmTuningModes = {"heuristic", "burst",
+                                                                     "sustained"};
+
+// The mode's index in kGemmTuningModes, or -1 for an unknown one.
+inline int gemm_tuning_index(std::string_view mode) {
+  const auto found = std::find(kGemmTuningModes.begin(), kGemmTuningModes.end(), mode);
+  return found == kGemmTuningModes.end() ? -1 : static_cast<int>(found - kGemmTuningModes.begin());
+}
 
 struct CudaBenchArgs {
   std::string model;         // a model folder, or empty with random_model set
@@ -18,7 +31,7 @@ struct CudaBenchArgs {
   int chunk_tokens = 16384;
   int warmup_tokens = 8192;           // a short prompt run first under every method
   bool stage_times = false;           // one more prefill per row, timed part by part
-  std::string gemm_tuning = "burst";  // heuristic, burst or sustained (CudaModelOptions)
+  std::string gemm_tuning = "burst";  // one of kGemmTuningModes
   // >= 0: decode step k of each row's first repetition runs between cudaProfilerStart and
   // cudaProfilerStop, for a profiler started with --profile-from-start off.
   int profile_decode_step = -1;
