@@ -7,10 +7,7 @@
 #   OUT            output folder (the device run sets it)
 #   GPU_ROUND      what to run: comma-separated subset of
 #                  build,quality,tests,attention,sparse,model,methods,bench,gemm,tuning,profile,
-#                  variants,capacity (default: all but quality, gemm, tuning, profile, variants and
-#                  capacity)
-#   variants       the block-sparse kernel bench (SPARSE_LENGTHS) built once per row-block count
-#                  of SPARSE_ROW_BLOCKS (default 1,2,4; ENTROPYINFER_SPARSE_ROW_BLOCKS)
+#                  capacity (default: all but quality, gemm, tuning, profile and capacity)
 #   profile        Nsight Compute over one decode step (PROFILE_STEP, default 30, of a 4096-token
 #                  prompt) per method of PROFILE_METHODS (default entropy+latent,full): GPU time
 #                  per kernel, summed by kernel (bench/gpu/kernel_profile.py)
@@ -222,24 +219,6 @@ if [[ "${steps}" == *",gemm,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
     tee -a "${log}" || step_failed "GEMM benchmark"
   timeout -k 10 120 python3 "${repo_root}/bench/gpu/matmul_reference.py" --json "${out}/gemm-torch.json" 2>&1 |
     tee -a "${log}" || step_failed "torch matmul reference"
-fi
-
-if [[ "${steps}" == *",variants,"* ]]; then
-  section variants
-  variant_list="${SPARSE_ROW_BLOCKS:-1,2,4}"
-  for rows in ${variant_list//,/ }; do
-    variant_build="${repo_root}/build-gpu-rb${rows}"
-    { cmake -S "${repo_root}" -B "${variant_build}" -G Ninja -DCMAKE_BUILD_TYPE=Release -DENTROPYINFER_CUDA=ON \
-        -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" \
-        -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="${deps}/usr" \
-        -DCMAKE_CUDA_FLAGS="-DENTROPYINFER_SPARSE_ROW_BLOCKS=${rows}" &&
-      ninja -C "${variant_build}" -j"${jobs}" entropyinfer_gpu_bench; } >> "${log}" 2>&1 ||
-      { step_failed "variant build ${rows}"; continue; }
-    echo "== ${rows} row blocks per block-sparse CTA" | tee -a "${log}"
-    timeout -k 10 200 "${variant_build}/entropyinfer_gpu_bench" sparse-attention \
-      --lengths "${SPARSE_LENGTHS:-65536,131072}" --json "${out}/sparse-rb${rows}.json" 2>&1 |
-      tee -a "${log}" || step_failed "variant bench ${rows}"
-  done
 fi
 
 if [[ "${steps}" == *",tuning,"* && -x "${build}/entropyinfer" ]]; then
