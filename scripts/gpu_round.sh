@@ -10,7 +10,8 @@
 #                  capacity (default: all but quality, gemm, tuning, profile and capacity)
 #   profile        Nsight Compute over one decode step (PROFILE_STEP, default 30, of a 4096-token
 #                  prompt) per method of PROFILE_METHODS (default entropy+latent,full): GPU time
-#                  per kernel, summed by kernel (bench/gpu/kernel_profile.py)
+#                  per kernel, summed by kernel (bench/gpu/kernel_profile.py); PROFILE_PREFILL=N
+#                  profiles one N-token prefill per method instead (all kernels but the products)
 #   TUNING_MODES   tuning: --gemm-tuning modes compared in-model, in this order (default
 #                  heuristic,burst,sustained); TUNING_METHODS (default entropy+latent,full),
 #                  TUNING_LENGTH (default 130816), TUNING_REPS (default 2)
@@ -28,6 +29,7 @@
 #   METHODS        methods compared (default full,entropy+latent,critiprefill+snapkv)
 #   NEW_TOKENS     tokens generated after each prompt there (default 256)
 #   METHOD_STAGE_TIMES 1 adds one prefill per row timed part by part (--stage-times)
+#   METHOD_ARGS    more flags for that bench (e.g. --chunk 32768)
 #   METHODS_HF     0 skips the transformers reference of the method comparison (default 1)
 #   BENCH_LENGTHS_CLI  prompt lengths of `entropyinfer bench --device cuda` for dense attention
 #                  (default 16384,32768,65536,131072)
@@ -242,11 +244,20 @@ if [[ "${steps}" == *",profile,"* && -x "${build}/entropyinfer" ]]; then
   section profile
   ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
   if [[ -n "${ncu_bin}" ]]; then
-    timeout -k 10 300 "${ncu_bin}" --profile-from-start off --clock-control none \
+    if [[ -n "${PROFILE_PREFILL:-}" ]]; then
+      # One whole prefill of PROFILE_PREFILL tokens per method instead, the matrix products left
+      # out (their time is in --stage-times): the estimate's and attention's kernels one by one.
+      profile_target=(-p "${PROFILE_PREFILL}" -n 1 --profile-prefill)
+      ncu_filter=(--kernel-name "regex:embedding|rms|rope|append|extrema|midpoint|score|entropy|budget|select|keys_read|flash|swiglu|argmax")
+    else
+      profile_target=(-p 4096 -n 40 --profile-decode-step "${PROFILE_STEP:-30}")
+      ncu_filter=()
+    fi
+    timeout -k 10 300 "${ncu_bin}" --profile-from-start off --clock-control none "${ncu_filter[@]}" \
       --metrics gpu__time_duration.sum --csv --log-file "${out}/profile-ncu.csv" \
-      "${build}/entropyinfer" bench --device cuda --random-model llama-3.1-8b -p 4096 -n 40 -r 1 \
-      --methods "${PROFILE_METHODS:-entropy+latent,full}" --profile-decode-step "${PROFILE_STEP:-30}" \
-      2>&1 | tail -4 | tee -a "${log}" || step_failed "decode profile"
+      "${build}/entropyinfer" bench --device cuda --random-model llama-3.1-8b -r 1 \
+      "${profile_target[@]}" --methods "${PROFILE_METHODS:-entropy+latent,full}" \
+      2>&1 | tail -4 | tee -a "${log}" || step_failed "profile"
     python3 "${repo_root}/bench/gpu/kernel_profile.py" "${out}/profile-ncu.csv" 2>&1 | tee -a "${log}" ||
       step_failed "decode profile summary"
   else
@@ -271,7 +282,8 @@ if [[ "${steps}" == *",methods,"* && -x "${build}/entropyinfer" ]]; then
   start_power_log methods
   timeout -k 10 420 "${build}/entropyinfer" bench --device cuda --random-model llama-3.1-8b \
     -p "${method_lengths}" -n "${new_tokens}" -r 1 --methods "${methods}" ${stage_flag} \
-    --json "${out}/methods-ours.json" 2>&1 | tee -a "${log}" || step_failed "methods benchmark"
+    ${METHOD_ARGS:-} --json "${out}/methods-ours.json" 2>&1 | tee -a "${log}" ||
+    step_failed "methods benchmark"
   stop_power_log methods
   if [[ "${METHODS_HF:-1}" == 1 ]]; then
     timeout -k 10 420 python3 "${repo_root}/bench/gpu/hf_reference.py" --prefill "${method_lengths}" \

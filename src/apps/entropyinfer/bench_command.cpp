@@ -43,6 +43,7 @@ struct BenchArgs {
   bool stage_times = false;
   std::string gemm_tuning;  // empty: the engine's default (burst)
   int profile_decode_step = -1;
+  bool profile_prefill = false;
   AttentionOptions attention;
 };
 
@@ -60,6 +61,7 @@ std::string describe_command(const BenchArgs& args) {
   if (args.stage_times) text << " --stage-times";
   if (!args.gemm_tuning.empty()) text << " --gemm-tuning " << args.gemm_tuning;
   if (args.profile_decode_step >= 0) text << " --profile-decode-step " << args.profile_decode_step;
+  if (args.profile_prefill) text << " --profile-prefill";
   return text.str();
 }
 
@@ -74,6 +76,7 @@ void run_bench_on_cuda(const BenchArgs& args) {
   cuda_args.stage_times = args.stage_times;
   cuda_args.gemm_tuning = args.gemm_tuning.empty() ? "burst" : args.gemm_tuning;
   cuda_args.profile_decode_step = args.profile_decode_step;
+  cuda_args.profile_prefill = args.profile_prefill;
   cuda_args.methods = args.methods;
   cuda_args.base = args.attention.resolve();
   cuda_args.json_path = args.json_path;
@@ -172,6 +175,8 @@ void run_bench(const BenchArgs& args) {
     throw Error("--gemm-tuning: it chooses cuBLASLt algorithms (--device cuda)");
   if (args.profile_decode_step >= 0)
     throw Error("--profile-decode-step: it brackets a GPU decode step (--device cuda)");
+  if (args.profile_prefill)
+    throw Error("--profile-prefill: it brackets a GPU prefill (--device cuda)");
   ModelWeights weights = args.model.empty()
                              ? make_random_model(random_model_config(args.random_model), 1234)
                              : load_model_with_progress(args.model);
@@ -297,6 +302,8 @@ void register_bench(CLI::App& app) {
   command->add_option("--profile-decode-step", args->profile_decode_step,
                       "cuda: bracket decode step N of each row's first repetition with "
                       "cudaProfilerStart/Stop (for a profiler run with --profile-from-start off)");
+  command->add_flag("--profile-prefill", args->profile_prefill,
+                    "cuda: bracket each row's first timed prefill with cudaProfilerStart/Stop");
   args->attention.add_to(command);
   command->callback([args] { run_bench(*args); });
 }

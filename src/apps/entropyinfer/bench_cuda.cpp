@@ -142,9 +142,12 @@ void run_cuda_bench(const CudaBenchArgs& args) {
         model->reset();
         cuda::check(cudaDeviceSynchronize(), "before the prefill");
         cuda::reset_peak_allocated_device_bytes();
+        const bool profiled_prefill = repetition == 0 && args.profile_prefill;
+        if (profiled_prefill) cuda::check(cudaProfilerStart(), "cudaProfilerStart");
         const auto start = Clock::now();
         int32_t token = model->forward_greedy(prompt);  // ends with a copy to the host
         const double prefill = seconds_since(start);
+        if (profiled_prefill) cuda::check(cudaProfilerStop(), "cudaProfilerStop");
         double decode_total = 0;
         for (int step = 0; step < args.decode_tokens; ++step) {
           const bool compressed_before = model->attention_work().compressed;

@@ -35,6 +35,7 @@ struct CudaBenchArgs {
   // >= 0: decode step k of each row's first repetition runs between cudaProfilerStart and
   // cudaProfilerStop, for a profiler started with --profile-from-start off.
   int profile_decode_step = -1;
+  bool profile_prefill = false;  // the same around each row's first timed prefill
   // "prefill[+decode]" each, e.g. full, entropy+latent, critiprefill+snapkv.
   std::vector<std::string> methods;
   AttentionConfig base;  // the parameters every method shares

@@ -1,8 +1,9 @@
 // The GPU prefill estimate. Kernels, in the order estimate() enqueues them:
 //   1. query_midpoint_kernel: (qmax + qmin) / 2 of every (query head, segment), one CTA each.
-//   2. score_tile_kernel: the criticality triangle of every KV head, a small fp32 GEMM over
-//      shared-memory tiles of midpoints and key extrema with the max / group mean in the epilogue
-//      (score_row_kernel instead for group sizes the tiles are not built for).
+//   2. score_mma_kernel: the criticality triangle of every KV head, a small GEMM on the tensor
+//      cores over shared-memory tiles of midpoints (split into exact bf16 parts) and key extrema,
+//      with the max / group mean in the epilogue (score_row_kernel instead for group sizes the
+//      tiles are not built for).
 //   3. entropy_kernel (entropy rule only): softmax entropy of every row in double, CTA per row.
 //   4. budget_kernel: one CTA; one thread per KV head runs the rigid test and the budget recursion,
 //      then budgets become block counts and a block-wide scan turns them into row_offsets.
@@ -14,23 +15,23 @@
 // allows: extrema and midpoints are exact (bf16 inputs, the same fp32 operations), the group sum
 // and its division follow the CPU's order, the budget recursion uses the CPU's double operations
 // without contraction into fused multiply-adds, and ties rank by block index as the CPU does. The
-// only difference is the order in which the dot products are summed.
+// only difference is the order in which the (exact) products of the dot products are summed.
 #include <algorithm>
 #include <cfloat>
 #include <climits>
 #include <cmath>
 #include <string>
 
+#include "backends/cuda/flash_attention_internal.cuh"  // ldmatrix and mma.sync wrappers
 #include "backends/cuda/prefill_estimate.h"
 #include "core/half.h"
 
 namespace entropyinfer::cuda {
 namespace {
 
-constexpr int kDimSlice = 16;  // dimensions per shared-memory slice of the score tiles
+constexpr int kDimSlice = 16;  // head_dim is padded to this: whole mma k-steps
 constexpr int kPad = 128;      // midpoint rows and key blocks are padded to this: every tile fits
 constexpr int kMaxHeadDim = 512;
-constexpr int kScoreThreads = 256;
 constexpr int kRowThreads = 256;
 constexpr int kSelectThreads = 512;
 constexpr int kBudgetThreads = 1024;
@@ -270,145 +271,115 @@ __global__ void query_midpoint_kernel(const bf16* queries, int64_t q_token_strid
 
 // --- 2. criticality scores ---
 
-// One CTA per (tile of TS segments, tile of TB key blocks, KV head), 256 threads as 16 x 16. Thread
-// (ty, tx) owns SEG_PT segments (RPT = SEG_PT * G midpoint rows) and BLK_PT blocks (the float4
-// groups tx*4 + 64*q, which keeps the shared-memory reads conflict-free) and accumulates both dot
-// products (with kmax and kmin) of every pair over head_dim in slices of kDimSlice, double
-// buffered. The epilogue takes the max of the two per group member and the group mean in the
-// CPU's order. Tiles wholly right of the causal edge exit at once.
-template <int G, int SEG_PT, int BLK_PT>
-__global__ __launch_bounds__(kScoreThreads,
-                             2) void score_tile_kernel(const float* midpoints, int64_t row_stride,
-                                                       const bf16* extrema, int64_t block_stride,
-                                                       int padded_dim, int num_segments,
-                                                       int blocks_per_segment, float* scores,
-                                                       int64_t score_head_stride) {
-  constexpr int TS = 16 * SEG_PT, TB = 16 * BLK_PT, ROWS = TS * G, RPT = SEG_PT * G;
-  constexpr int NQ = BLK_PT / 4;
-  static_assert(RPT % 4 == 0 && BLK_PT % 4 == 0, "float4 fragments");
-  constexpr int A_VECTORS = kDimSlice * ROWS / 4;    // float4 per slice
-  constexpr int B_VECTORS = kDimSlice * 2 * TB / 8;  // 8 bf16 per slice
-  static_assert(A_VECTORS % kScoreThreads == 0 && B_VECTORS % kScoreThreads == 0, "loader");
-  constexpr int A_PER_THREAD = A_VECTORS / kScoreThreads;
-  constexpr int B_PER_THREAD = B_VECTORS / kScoreThreads;
+// One CTA per (16 segments, 64 key blocks, KV head) on the tensor cores, 4 warps of 16 blocks
+// each. The dot products must come out as fp32 sums of exact products, as on the CPU, so each fp32
+// midpoint m is split into three bf16 parts, m = hi + mid + lo exactly (24 significant bits in
+// three 8-bit pieces; the key extrema are bf16 already): every bf16 x bf16 product is exact, and
+// the mma sums them in fp32. Only the order of the sum differs from the CPU's, as it did with the
+// fp32 FMA tiles this replaced (28 ms of fp32 FMAs at 130k tokens; a few ms here).
+//
+// Shared-memory tiles per slice of 64 dimensions: the midpoint parts as rows member * 16 +
+// segment (so that member g of 16 segments is one m16 tile and a thread holds all G members of
+// its scores), and the extrema as [kind][dimension][block], read as the col-major B operand
+// through ldmatrix.trans. The epilogue takes the max of the kmax and kmin products per member
+// and the group mean in the CPU's order. Tiles wholly right of the causal edge exit at once.
+constexpr int kMmaSegments = 16;
+constexpr int kMmaBlocks = 64;
+constexpr int kMmaThreads = 128;
+constexpr int kMmaSlice = 64;
+constexpr int kMmaPitch = kMmaSlice + 8;   // bf16 per midpoint row: conflict-free ldmatrix
+constexpr int kMmaBPitch = kMmaBlocks + 8;  // bf16 per extrema row
 
-  __shared__ __align__(16) float a_tile[2][kDimSlice][ROWS];
-  __shared__ __align__(16) float b_tile[2][kDimSlice][2 * TB];  // [slice][max blocks | min blocks]
+template <int G>
+__global__ __launch_bounds__(kMmaThreads) void score_mma_kernel(
+    const float* midpoints, int64_t row_stride, const bf16* extrema, int64_t block_stride,
+    int padded_dim, int num_segments, int blocks_per_segment, float* scores,
+    int64_t score_head_stride) {
+  constexpr int ROWS = kMmaSegments * G;
+  __shared__ __align__(16) bf16 parts[3][ROWS][kMmaPitch];
+  __shared__ __align__(16) bf16 kinds[2][kMmaSlice][kMmaBPitch];
 
   const int head = blockIdx.z;
-  const int first_segment = blockIdx.y * TS;
-  const int last_segment = min(first_segment + TS, num_segments) - 1;
-  const int64_t first_block = static_cast<int64_t>(blockIdx.x) * TB;
+  const int first_segment = blockIdx.y * kMmaSegments;
+  const int last_segment = min(first_segment + kMmaSegments, num_segments) - 1;
+  const int64_t first_block = static_cast<int64_t>(blockIdx.x) * kMmaBlocks;
   if (first_block >= static_cast<int64_t>(last_segment) * blocks_per_segment) return;
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   const float* tile_midpoints = midpoints + static_cast<int64_t>(head) * padded_dim * row_stride +
                                 static_cast<int64_t>(first_segment) * G;
   const int64_t kind_stride = static_cast<int64_t>(padded_dim) * block_stride;
   const bf16* tile_extrema = extrema + head * 2 * kind_stride + first_block;
 
-  float4 a_staged[A_PER_THREAD];
-  uint4 b_staged[B_PER_THREAD];
-  const auto load_slice = [&](int first_dim) {
-    for (int i = 0; i < A_PER_THREAD; ++i) {
-      const int v = threadIdx.x + i * kScoreThreads;
-      const int dim = v / (ROWS / 4), row4 = v % (ROWS / 4);
-      a_staged[i] = *reinterpret_cast<const float4*>(
-          tile_midpoints + static_cast<int64_t>(first_dim + dim) * row_stride + row4 * 4);
-    }
-    for (int i = 0; i < B_PER_THREAD; ++i) {
-      const int v = threadIdx.x + i * kScoreThreads;
-      const int dim = v / (2 * TB / 8), rest = v % (2 * TB / 8);
-      const int kind = rest / (TB / 8), block8 = rest % (TB / 8);
-      b_staged[i] = *reinterpret_cast<const uint4*>(
-          tile_extrema + kind * kind_stride + static_cast<int64_t>(first_dim + dim) * block_stride +
-          block8 * 8);
-    }
-  };
-  const auto store_slice = [&](int buffer) {
-    for (int i = 0; i < A_PER_THREAD; ++i) {
-      const int v = threadIdx.x + i * kScoreThreads;
-      const int dim = v / (ROWS / 4), row4 = v % (ROWS / 4);
-      *reinterpret_cast<float4*>(&a_tile[buffer][dim][row4 * 4]) = a_staged[i];
-    }
-    for (int i = 0; i < B_PER_THREAD; ++i) {
-      const int v = threadIdx.x + i * kScoreThreads;
-      const int dim = v / (2 * TB / 8), rest = v % (2 * TB / 8);
-      const int kind = rest / (TB / 8), block8 = rest % (TB / 8);
-      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&b_staged[i]);
-      const float2 p0 = __bfloat1622float2(pairs[0]), p1 = __bfloat1622float2(pairs[1]);
-      const float2 p2 = __bfloat1622float2(pairs[2]), p3 = __bfloat1622float2(pairs[3]);
-      float* target = &b_tile[buffer][dim][kind * TB + block8 * 8];
-      *reinterpret_cast<float4*>(target) = make_float4(p0.x, p0.y, p1.x, p1.y);
-      *reinterpret_cast<float4*>(target + 4) = make_float4(p2.x, p2.y, p3.x, p3.y);
-    }
-  };
-
-  float acc[RPT][2][BLK_PT];
+  float acc[G][2][2][4];  // [member][kind][n8 tile][fragment]
 #pragma unroll
-  for (int i = 0; i < RPT; ++i) {
+  for (int g = 0; g < G; ++g) {
 #pragma unroll
-    for (int c = 0; c < BLK_PT; ++c) acc[i][0][c] = acc[i][1][c] = 0.0f;
+    for (int i = 0; i < 16; ++i) (&acc[g][0][0][0])[i] = 0.0f;
   }
 
-  const int slices = padded_dim / kDimSlice;
-  load_slice(0);
-  store_slice(0);
-  __syncthreads();
-  for (int slice = 0; slice < slices; ++slice) {
-    const int buffer = slice & 1;
-    if (slice + 1 < slices) load_slice((slice + 1) * kDimSlice);
+  for (int slice = 0; slice < padded_dim; slice += kMmaSlice) {
+    const int dims = min(kMmaSlice, padded_dim - slice);  // a multiple of 16
+    __syncthreads();  // the previous slice's fragments are read
+    for (int i = threadIdx.x; i < dims * ROWS; i += kMmaThreads) {
+      const int d = i / ROWS, r = i % ROWS;
+      const float m = tile_midpoints[static_cast<int64_t>(slice + d) * row_stride + r];
+      const bf16 hi = __float2bfloat16(m);
+      const float rest = m - __bfloat162float(hi);
+      const bf16 mid = __float2bfloat16(rest);
+      const bf16 lo = __float2bfloat16(rest - __bfloat162float(mid));
+      const int row = (r % G) * kMmaSegments + r / G;
+      parts[0][row][d] = hi;
+      parts[1][row][d] = mid;
+      parts[2][row][d] = lo;
+    }
+    for (int i = threadIdx.x; i < 2 * dims * (kMmaBlocks / 8); i += kMmaThreads) {
+      const int kind = i / (dims * (kMmaBlocks / 8)), rest = i % (dims * (kMmaBlocks / 8));
+      const int d = rest / (kMmaBlocks / 8), block8 = rest % (kMmaBlocks / 8);
+      *reinterpret_cast<uint4*>(&kinds[kind][d][block8 * 8]) = *reinterpret_cast<const uint4*>(
+          tile_extrema + kind * kind_stride + static_cast<int64_t>(slice + d) * block_stride +
+          block8 * 8);
+    }
+    __syncthreads();
+    for (int k0 = 0; k0 < dims; k0 += 16) {
+      uint32_t b[2][4];  // per kind: (b0, b1) of n8 tile 0, then of n8 tile 1
 #pragma unroll
-    for (int k = 0; k < kDimSlice; ++k) {
-      float a[RPT], b_max[BLK_PT], b_min[BLK_PT];
-#pragma unroll
-      for (int i = 0; i < RPT / 4; ++i) {
-        const float4 v = *reinterpret_cast<const float4*>(&a_tile[buffer][k][ty * RPT + 4 * i]);
-        a[4 * i] = v.x;
-        a[4 * i + 1] = v.y;
-        a[4 * i + 2] = v.z;
-        a[4 * i + 3] = v.w;
+      for (int kind = 0; kind < 2; ++kind) {
+        const int k = k0 + ((lane >> 3) & 1) * 8 + (lane & 7);
+        const int n = warp * 16 + (lane >> 4) * 8;
+        detail::ldmatrix_x4_trans(b[kind], detail::shared_address(&kinds[kind][k][n]));
       }
 #pragma unroll
-      for (int q = 0; q < NQ; ++q) {
-        const float4 high = *reinterpret_cast<const float4*>(&b_tile[buffer][k][q * 64 + tx * 4]);
-        const float4 low =
-            *reinterpret_cast<const float4*>(&b_tile[buffer][k][TB + q * 64 + tx * 4]);
-        b_max[4 * q] = high.x;
-        b_max[4 * q + 1] = high.y;
-        b_max[4 * q + 2] = high.z;
-        b_max[4 * q + 3] = high.w;
-        b_min[4 * q] = low.x;
-        b_min[4 * q + 1] = low.y;
-        b_min[4 * q + 2] = low.z;
-        b_min[4 * q + 3] = low.w;
-      }
+      for (int g = 0; g < G; ++g) {
 #pragma unroll
-      for (int i = 0; i < RPT; ++i) {
+        for (int part = 0; part < 3; ++part) {
+          uint32_t a[4];
+          detail::ldmatrix_x4(a, detail::shared_address(&parts[part][g * 16 + (lane & 15)][k0 + (lane >> 4) * 8]));
 #pragma unroll
-        for (int c = 0; c < BLK_PT; ++c) {
-          acc[i][0][c] = fmaf(a[i], b_max[c], acc[i][0][c]);
-          acc[i][1][c] = fmaf(a[i], b_min[c], acc[i][1][c]);
+          for (int kind = 0; kind < 2; ++kind) {
+            detail::mma_bf16_16816(acc[g][kind][0], a, b[kind][0], b[kind][1]);
+            detail::mma_bf16_16816(acc[g][kind][1], a, b[kind][2], b[kind][3]);
+          }
         }
       }
     }
-    if (slice + 1 < slices) store_slice(buffer ^ 1);
-    __syncthreads();
   }
 
+  // Fragment (n8 tile t, element e): segment lane / 4 (+ 8 for e >= 2), block
+  // t * 8 + 2 * (lane % 4) + e % 2 of this warp's 16.
 #pragma unroll
-  for (int si = 0; si < SEG_PT; ++si) {
-    const int segment = first_segment + ty * SEG_PT + si;
+  for (int e = 0; e < 4; ++e) {
+    const int segment = first_segment + lane / 4 + (e >= 2 ? 8 : 0);
     if (segment >= num_segments) continue;
     const int64_t visible = static_cast<int64_t>(segment) * blocks_per_segment;
     float* row = scores + head * score_head_stride + triangle_row(segment, blocks_per_segment);
 #pragma unroll
-    for (int c = 0; c < BLK_PT; ++c) {
-      const int64_t block = first_block + (c / 4) * 64 + tx * 4 + c % 4;
+    for (int t = 0; t < 2; ++t) {
+      const int64_t block = first_block + warp * 16 + t * 8 + 2 * (lane % 4) + e % 2;
       if (block >= visible) continue;
       float sum = 0.0f;
 #pragma unroll
-      for (int g = 0; g < G; ++g) sum += fmaxf(acc[si * G + g][0][c], acc[si * G + g][1][c]);
+      for (int g = 0; g < G; ++g) sum += fmaxf(acc[g][0][t][e], acc[g][1][t][e]);
       row[block] = sum / static_cast<float>(G);
     }
   }
@@ -711,20 +682,20 @@ __global__ void add_keys_read_kernel(unsigned long long* keys_read,
   if (keys_read_dense != nullptr) *keys_read_dense += dense_keys;
 }
 
-template <int G, int SEG_PT, int BLK_PT>
+template <int G>
 void launch_score_tiles(const float* midpoints, int64_t row_stride, const bf16* extrema,
                         int64_t block_stride, int padded_dim, int num_segments,
                         int blocks_per_segment, int num_kv_heads, float* scores,
                         int64_t score_head_stride, cudaStream_t stream) {
-  constexpr int TS = 16 * SEG_PT, TB = 16 * BLK_PT;
   const int64_t widest_row = static_cast<int64_t>(num_segments - 1) * blocks_per_segment;
-  const dim3 grid(static_cast<unsigned>((widest_row + TB - 1) / TB),
-                  static_cast<unsigned>((num_segments + TS - 1) / TS),
+  const dim3 grid(static_cast<unsigned>((widest_row + kMmaBlocks - 1) / kMmaBlocks),
+                  static_cast<unsigned>((num_segments + kMmaSegments - 1) / kMmaSegments),
                   static_cast<unsigned>(num_kv_heads));
-  score_tile_kernel<G, SEG_PT, BLK_PT><<<grid, kScoreThreads, 0, stream>>>(
-      midpoints, row_stride, extrema, block_stride, padded_dim, num_segments, blocks_per_segment,
-      scores, score_head_stride);
-  check_launch("score_tile_kernel");
+  score_mma_kernel<G><<<grid, kMmaThreads, 0, stream>>>(midpoints, row_stride, extrema,
+                                                         block_stride, padded_dim, num_segments,
+                                                         blocks_per_segment, scores,
+                                                         score_head_stride);
+  check_launch("score_mma_kernel");
 }
 
 }  // namespace
@@ -877,22 +848,22 @@ DevicePrefillPlan PrefillEstimator::estimate(const bf16* queries, int64_t q_toke
   // 2. Scores of every row s >= 1 (CritiPrefill reads only the sparse ones; the others are few).
   switch (group_) {
     case 1:
-      launch_score_tiles<1, 4, 8>(midpoints_.data(), row_stride_, key_extrema_.data(),
+      launch_score_tiles<1>(midpoints_.data(), row_stride_, key_extrema_.data(),
                                   block_stride_, padded_dim_, segments, blocks_per_segment,
                                   num_kv_heads_, scores_.data(), score_head_stride, stream);
       break;
     case 2:
-      launch_score_tiles<2, 2, 8>(midpoints_.data(), row_stride_, key_extrema_.data(),
+      launch_score_tiles<2>(midpoints_.data(), row_stride_, key_extrema_.data(),
                                   block_stride_, padded_dim_, segments, blocks_per_segment,
                                   num_kv_heads_, scores_.data(), score_head_stride, stream);
       break;
     case 4:
-      launch_score_tiles<4, 1, 8>(midpoints_.data(), row_stride_, key_extrema_.data(),
+      launch_score_tiles<4>(midpoints_.data(), row_stride_, key_extrema_.data(),
                                   block_stride_, padded_dim_, segments, blocks_per_segment,
                                   num_kv_heads_, scores_.data(), score_head_stride, stream);
       break;
     case 8:
-      launch_score_tiles<8, 1, 4>(midpoints_.data(), row_stride_, key_extrema_.data(),
+      launch_score_tiles<8>(midpoints_.data(), row_stride_, key_extrema_.data(),
                                   block_stride_, padded_dim_, segments, blocks_per_segment,
                                   num_kv_heads_, scores_.data(), score_head_stride, stream);
       break;
