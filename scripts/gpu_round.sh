@@ -29,7 +29,8 @@
 #   METHODS        methods compared (default full,entropy+latent,critiprefill+snapkv)
 #   NEW_TOKENS     tokens generated after each prompt there (default 256)
 #   METHOD_STAGE_TIMES 1 adds one prefill per row timed part by part (--stage-times)
-#   METHOD_ARGS    more flags for that bench (e.g. --chunk 32768)
+#   METHOD_ARGS    more flags for that bench (e.g. --chunk 32768); METHOD_REPS repetitions per row
+#                  (default 1; the tables give medians, the JSON every run)
 #   METHODS_HF     0 skips the transformers reference of the method comparison (default 1)
 #   BENCH_LENGTHS_CLI  prompt lengths of `entropyinfer bench --device cuda` for dense attention
 #                  (default 16384,32768,65536,131072)
@@ -281,7 +282,7 @@ if [[ "${steps}" == *",methods,"* && -x "${build}/entropyinfer" ]]; then
   [[ "${METHOD_STAGE_TIMES:-0}" == 1 ]] && stage_flag="--stage-times"
   start_power_log methods
   timeout -k 10 420 "${build}/entropyinfer" bench --device cuda --random-model llama-3.1-8b \
-    -p "${method_lengths}" -n "${new_tokens}" -r 1 --methods "${methods}" ${stage_flag} \
+    -p "${method_lengths}" -n "${new_tokens}" -r "${METHOD_REPS:-1}" --methods "${methods}" ${stage_flag} \
     ${METHOD_ARGS:-} --json "${out}/methods-ours.json" 2>&1 | tee -a "${log}" ||
     step_failed "methods benchmark"
   stop_power_log methods
