@@ -287,7 +287,7 @@ constexpr int kMmaSegments = 16;
 constexpr int kMmaBlocks = 64;
 constexpr int kMmaThreads = 128;
 constexpr int kMmaSlice = 64;
-constexpr int kMmaPitch = kMmaSlice + 8;   // bf16 per midpoint row: conflict-free ldmatrix
+constexpr int kMmaPitch = kMmaSlice + 8;    // bf16 per midpoint row: conflict-free ldmatrix
 constexpr int kMmaBPitch = kMmaBlocks + 8;  // bf16 per extrema row
 
 template <int G>
@@ -320,7 +320,7 @@ __global__ __launch_bounds__(kMmaThreads) void score_mma_kernel(
 
   for (int slice = 0; slice < padded_dim; slice += kMmaSlice) {
     const int dims = min(kMmaSlice, padded_dim - slice);  // a multiple of 16
-    __syncthreads();  // the previous slice's fragments are read
+    __syncthreads();                                      // the previous slice's fragments are read
     for (int i = threadIdx.x; i < dims * ROWS; i += kMmaThreads) {
       const int d = i / ROWS, r = i % ROWS;
       const float m = tile_midpoints[static_cast<int64_t>(slice + d) * row_stride + r];
@@ -354,7 +354,8 @@ __global__ __launch_bounds__(kMmaThreads) void score_mma_kernel(
 #pragma unroll
         for (int part = 0; part < 3; ++part) {
           uint32_t a[4];
-          detail::ldmatrix_x4(a, detail::shared_address(&parts[part][g * 16 + (lane & 15)][k0 + (lane >> 4) * 8]));
+          detail::ldmatrix_x4(
+              a, detail::shared_address(&parts[part][g * 16 + (lane & 15)][k0 + (lane >> 4) * 8]));
 #pragma unroll
           for (int kind = 0; kind < 2; ++kind) {
             detail::mma_bf16_16816(acc[g][kind][0], a, b[kind][0], b[kind][1]);
@@ -691,10 +692,9 @@ void launch_score_tiles(const float* midpoints, int64_t row_stride, const bf16* 
   const dim3 grid(static_cast<unsigned>((widest_row + kMmaBlocks - 1) / kMmaBlocks),
                   static_cast<unsigned>((num_segments + kMmaSegments - 1) / kMmaSegments),
                   static_cast<unsigned>(num_kv_heads));
-  score_mma_kernel<G><<<grid, kMmaThreads, 0, stream>>>(midpoints, row_stride, extrema,
-                                                         block_stride, padded_dim, num_segments,
-                                                         blocks_per_segment, scores,
-                                                         score_head_stride);
+  score_mma_kernel<G><<<grid, kMmaThreads, 0, stream>>>(
+      midpoints, row_stride, extrema, block_stride, padded_dim, num_segments, blocks_per_segment,
+      scores, score_head_stride);
   check_launch("score_mma_kernel");
 }
 
@@ -848,24 +848,24 @@ DevicePrefillPlan PrefillEstimator::estimate(const bf16* queries, int64_t q_toke
   // 2. Scores of every row s >= 1 (CritiPrefill reads only the sparse ones; the others are few).
   switch (group_) {
     case 1:
-      launch_score_tiles<1>(midpoints_.data(), row_stride_, key_extrema_.data(),
-                                  block_stride_, padded_dim_, segments, blocks_per_segment,
-                                  num_kv_heads_, scores_.data(), score_head_stride, stream);
+      launch_score_tiles<1>(midpoints_.data(), row_stride_, key_extrema_.data(), block_stride_,
+                            padded_dim_, segments, blocks_per_segment, num_kv_heads_,
+                            scores_.data(), score_head_stride, stream);
       break;
     case 2:
-      launch_score_tiles<2>(midpoints_.data(), row_stride_, key_extrema_.data(),
-                                  block_stride_, padded_dim_, segments, blocks_per_segment,
-                                  num_kv_heads_, scores_.data(), score_head_stride, stream);
+      launch_score_tiles<2>(midpoints_.data(), row_stride_, key_extrema_.data(), block_stride_,
+                            padded_dim_, segments, blocks_per_segment, num_kv_heads_,
+                            scores_.data(), score_head_stride, stream);
       break;
     case 4:
-      launch_score_tiles<4>(midpoints_.data(), row_stride_, key_extrema_.data(),
-                                  block_stride_, padded_dim_, segments, blocks_per_segment,
-                                  num_kv_heads_, scores_.data(), score_head_stride, stream);
+      launch_score_tiles<4>(midpoints_.data(), row_stride_, key_extrema_.data(), block_stride_,
+                            padded_dim_, segments, blocks_per_segment, num_kv_heads_,
+                            scores_.data(), score_head_stride, stream);
       break;
     case 8:
-      launch_score_tiles<8>(midpoints_.data(), row_stride_, key_extrema_.data(),
-                                  block_stride_, padded_dim_, segments, blocks_per_segment,
-                                  num_kv_heads_, scores_.data(), score_head_stride, stream);
+      launch_score_tiles<8>(midpoints_.data(), row_stride_, key_extrema_.data(), block_stride_,
+                            padded_dim_, segments, blocks_per_segment, num_kv_heads_,
+                            scores_.data(), score_head_stride, stream);
       break;
     default: {
       const int64_t widest_row = static_cast<int64_t>(segments - 1) * blocks_per_segment;
