@@ -7,7 +7,10 @@
 #   OUT            output folder (the device run sets it)
 #   GPU_ROUND      what to run: comma-separated subset of
 #                  build,quality,tests,attention,sparse,model,methods,bench,gemm,tuning,profile,
-#                  capacity (default: all but quality, gemm, tuning, profile and capacity)
+#                  needle,capacity (default: all but quality, gemm, tuning, profile, needle and
+#                  capacity)
+#   needle         scripts/demo.sh's command on the GPU (16k and 32k; NEEDLE_METHODS; the haystack
+#                  from TEXT_DIR, carry .cache/assets-text)
 #   profile        Nsight Compute over one decode step (PROFILE_STEP, default 30, of a 4096-token
 #                  prompt) per method of PROFILE_METHODS (default entropy+latent,full): GPU time
 #                  per kernel, summed by kernel (bench/gpu/kernel_profile.py); PROFILE_PREFILL=N
@@ -264,6 +267,18 @@ if [[ "${steps}" == *",profile,"* && -x "${build}/entropyinfer" ]]; then
   else
     echo "no ncu on this machine" | tee -a "${log}"
   fi
+fi
+
+if [[ "${steps}" == *",needle,"* && -x "${build}/entropyinfer" ]]; then
+  # The README's main job (scripts/demo.sh) on the GPU: the shipped model answers a needle question
+  # over a 16k- and a 32k-token document with each method (NEEDLE_METHODS).
+  section needle
+  for length in 16k 32k; do
+    timeout -k 10 300 "${build}/entropyinfer" needle -m "${repo_root}/models/needle-llama-11m" \
+      --device cuda --length "${length}" --text-dir "${TEXT_DIR:-${repo_root}/.cache/assets-text}" \
+      --methods "${NEEDLE_METHODS:-full,entropy+latent,critiprefill+snapkv}" \
+      --json "${out}/needle-${length}.json" 2>&1 | tee -a "${log}" || step_failed "needle ${length}"
+  done
 fi
 
 if [[ "${steps}" == *",capacity,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
