@@ -244,7 +244,8 @@ fi
 
 if [[ "${steps}" == *",profile,"* && -x "${build}/entropyinfer" ]]; then
   # One decode step per method (step PROFILE_STEP of a 4096-token prompt; the latent methods have
-  # compressed by then), every kernel timed alone by Nsight Compute: where a step's time goes.
+  # compressed by then), or one prefill with PROFILE_PREFILL, every kernel timed alone by Nsight
+  # Compute: where a step's or a prefill's time goes.
   section profile
   ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
   if [[ -n "${ncu_bin}" ]]; then
@@ -263,7 +264,7 @@ if [[ "${steps}" == *",profile,"* && -x "${build}/entropyinfer" ]]; then
       "${profile_target[@]}" --methods "${PROFILE_METHODS:-entropy+latent,full}" \
       2>&1 | tail -4 | tee -a "${log}" || step_failed "profile"
     python3 "${repo_root}/bench/gpu/kernel_profile.py" "${out}/profile-ncu.csv" 2>&1 | tee -a "${log}" ||
-      step_failed "decode profile summary"
+      step_failed "profile summary"
   else
     echo "no ncu on this machine" | tee -a "${log}"
   fi

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Sums Nsight Compute's per-kernel durations (a --csv log with gpu__time_duration.sum) by kernel.
 
-The log holds one or more profiled ranges in launch order (one decode step per method with
-`entropyinfer bench --profile-decode-step`); a kernel whose name restarts the sequence (the
-embedding) starts a new range. Prints per range the kernels by total time and the sum, which
-next to the step's measured time says how much of it the kernels themselves take.
+The log holds one or more profiled ranges in launch order (one decode step or one prefill per
+method, with `entropyinfer bench --profile-decode-step` or `--profile-prefill`); a kernel whose
+name restarts the sequence (the embedding) starts a new range, unless the kernel before it was an
+embedding too (a layer-by-layer prefill embeds every chunk first). Prints per range the kernels by
+total time and the sum, which next to the measured time says how much of it the kernels themselves
+take.
 """
 import csv
 import io
@@ -14,6 +16,10 @@ from collections import OrderedDict
 
 
 def short_name(name: str) -> str:
+    # Anonymous namespaces, as Nsight Compute writes them ("<unnamed>::") or as c++filt does, would
+    # read as template or argument lists below.
+    for anonymous in ("<unnamed>::", "(anonymous namespace)::"):
+        name = name.replace(anonymous, "")
     name = re.sub(r"\(.*", "", name)  # argument list
     name = re.sub(r"<.*>", "<>", name)  # template arguments
     return name.split("::")[-1].strip()
@@ -27,6 +33,7 @@ def main() -> int:
         return 1
     rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
     ranges = []
+    previous = ""
     for row in rows:
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
@@ -34,9 +41,10 @@ def main() -> int:
         value = float(row["Metric Value"].replace(",", ""))
         unit = row.get("Metric Unit", "nsecond")
         us = value / 1e3 if unit.startswith("n") else value if unit.startswith("u") else value * 1e3
-        if name.startswith("embedding") or not ranges:
+        if not ranges or (name.startswith("embedding") and not previous.startswith("embedding")):
             ranges.append([])
         ranges[-1].append((name, us))
+        previous = name
     for index, kernels in enumerate(ranges):
         totals = OrderedDict()
         for name, us in kernels:
