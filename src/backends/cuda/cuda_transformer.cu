@@ -13,6 +13,7 @@
 #include "backends/cuda/device_plans.h"
 #include "backends/cuda/flash_attention.h"
 #include "backends/cuda/prefill_estimate.h"
+#include "backends/cuda/prefill_qkv_epilogue.h"
 #include "backends/cuda/ragged_decode.h"
 #include "core/error.h"
 #include "core/stopwatch.h"
@@ -85,10 +86,11 @@ BudgetRule budget_rule(PrefillMethod method) {
   return method == PrefillMethod::kEntropy ? BudgetRule::kEntropy : BudgetRule::kFixed;
 }
 
-// Prompt rows per pass in the layer-major path: a multiple of the key block, so that the block
-// extrema of every pass but the last cover whole blocks.
-int64_t layer_major_chunk(int64_t chunk, int block_size) {
-  return std::max<int64_t>(block_size, chunk / block_size * block_size);
+// Prompt rows per pass in the layer-major path: a multiple of the query segment (itself a
+// multiple of the key block), so that every pass but the last covers whole segments and blocks and
+// the fused q/k/v epilogue can take their statistics.
+int64_t layer_major_chunk(int64_t chunk, int segment_size) {
+  return std::max<int64_t>(segment_size, chunk / segment_size * segment_size);
 }
 
 // An upper bound on one layer's compressed cache rows (all cache heads, decode room included), for
@@ -447,9 +449,9 @@ struct CudaTransformer::State {
     // of the four products). A prompt's shorter last chunk keeps the heuristic's choice, so a new
     // prompt length never stops to tune. Single-token products take the GEMV configuration
     // measured fastest for the shape.
-    const int64_t whole_chunk = sparse_prefill(attention)
-                                    ? layer_major_chunk(chunk, attention.prefill_params.block_size)
-                                    : chunk;
+    const int64_t whole_chunk =
+        sparse_prefill(attention) ? layer_major_chunk(chunk, attention.prefill_params.segment_size)
+                                  : chunk;
     using GemmTuning = CudaModelOptions::GemmTuning;
     blas.set_autotune(options.gemm_tuning == GemmTuning::kHeuristic ? 0 : 8,
                       std::max<int64_t>(2, whole_chunk),
@@ -628,6 +630,26 @@ struct CudaTransformer::State {
   // device_position, one token at the position stored there; cos/sin are then the whole tables).
   void enqueue_qkv(Layer& layer, const float* rows, int64_t m, const float* cos, const float* sin,
                    const int* device_position_pointer, bf16* q_out = nullptr) {
+    enqueue_qkv_product(layer, rows, m);
+    const ModelConfig& c = config;
+    const auto timed = stages.scope(Stage::kQkvPointwise, stream);
+    bf16* q = qkv.data();
+    // The key heads follow the query heads in each fused row: one launch rotates both (and with
+    // q_out writes the rotated queries there, rows w.q apart).
+    if (q_out != nullptr) {
+      apply_rope_queries_out(q, m, c.num_heads + c.num_kv_heads, w.head_dim, w.qkv, cos, sin,
+                             2 * w.half_rotary, c.rope.rotate_adjacent_pairs, c.num_heads, q_out,
+                             w.q, stream);
+    } else {
+      apply_rope(q, m, c.num_heads + c.num_kv_heads, w.head_dim, w.qkv, cos, sin, 2 * w.half_rotary,
+                 c.rope.rotate_adjacent_pairs, stream, device_position_pointer);
+    }
+  }
+
+  // enqueue_qkv up to the rotation: RMSNorm, the product, bias and q/k norm, into `qkv`.
+  // With first_q_row > 0 the queries of rows before it are not computed (their columns of `qkv`
+  // hold whatever they held): the last layer of a prompt reads only its last rows' queries.
+  void enqueue_qkv_product(Layer& layer, const float* rows, int64_t m, int64_t first_q_row = 0) {
     const ModelConfig& c = config;
     {
       const auto timed = stages.scope(Stage::kNorms, stream);
@@ -635,7 +657,18 @@ struct CudaTransformer::State {
     }
     {
       const auto timed = stages.scope(Stage::kQkvProduct, stream);
-      blas.linear(normed.data(), m, w.hidden, layer.qkv.data(), w.qkv, qkv.data());
+      if (first_q_row == 0) {
+        blas.linear(normed.data(), m, w.hidden, layer.qkv.data(), w.qkv, qkv.data());
+      } else {
+        // Keys and values of every row (their weight rows follow the queries' in the fused
+        // matrix), queries of the rows from first_q_row on.
+        blas.linear(normed.data(), m, w.hidden, layer.qkv.data() + w.q * w.hidden, 2 * w.kv,
+                    qkv.data() + w.q, w.qkv);
+        if (first_q_row < m) {
+          blas.linear(normed.data() + first_q_row * w.hidden, m - first_q_row, w.hidden,
+                      layer.qkv.data(), w.q, qkv.data() + first_q_row * w.qkv, w.qkv);
+        }
+      }
     }
     const auto timed = stages.scope(Stage::kQkvPointwise, stream);
     if (c.qkv_bias) add_bias(qkv.data(), layer.qkv_bias.data(), m, w.qkv, w.qkv, stream);
@@ -646,16 +679,6 @@ struct CudaTransformer::State {
                     stream);
       head_rms_norm(k, m, c.num_kv_heads, w.head_dim, w.qkv, layer.k_norm.data(), c.rms_norm_eps,
                     stream);
-    }
-    // The key heads follow the query heads in each fused row: one launch rotates both (and with
-    // q_out writes the rotated queries there, rows w.q apart).
-    if (q_out != nullptr) {
-      apply_rope_queries_out(q, m, c.num_heads + c.num_kv_heads, w.head_dim, w.qkv, cos, sin,
-                             2 * w.half_rotary, c.rope.rotate_adjacent_pairs, c.num_heads, q_out,
-                             w.q, stream);
-    } else {
-      apply_rope(q, m, c.num_heads + c.num_kv_heads, w.head_dim, w.qkv, cos, sin, 2 * w.half_rotary,
-                 c.rope.rotate_adjacent_pairs, stream, device_position_pointer);
     }
   }
 
@@ -780,6 +803,26 @@ struct CudaTransformer::State {
   // pass's last row feeds anything (the logits), so other spans need none and the last span one.
   // Its keys and values, and its queries for an observation window, are still made for every row.
   // The last row is computed as in any other layer: llama.cpp prunes the same way.
+  // Whether run_layer_major estimates a plan for layer `index` of an n-token prompt: not for the
+  // dense first layers, nor for a last layer that reads only its last row, unless plans are
+  // recorded (they describe every layer).
+  bool layer_is_estimated(int index, int64_t n, bool all_logits) const {
+    if (index < attention.prefill_params.dense_layers) return false;
+    return record_plans || output_rows_of_layer(index, 0, n, n, all_logits) == n;
+  }
+
+  // The first row of the span [t0, t0 + m) of an n-token prompt whose query run_layer_major reads
+  // in layer `index`: 0 but in a last layer that is not estimated, which reads the last row's
+  // query and the observation window's (m when the span has none of them).
+  int64_t first_query_row(int index, int64_t t0, int64_t m, int64_t n, bool all_logits) const {
+    if (output_rows_of_layer(index, 0, n, n, all_logits) == n ||
+        layer_is_estimated(index, n, all_logits)) {
+      return 0;
+    }
+    const int64_t first_read = n - std::max<int64_t>(keeps_window ? window : 0, 1);
+    return std::clamp<int64_t>(first_read - t0, 0, m);
+  }
+
   int64_t output_rows_of_layer(int index, int64_t t0, int64_t m, int64_t n, bool all_logits) const {
     if (all_logits || index + 1 < config.num_layers) return m;
     return t0 + m == n ? 1 : 0;
@@ -906,7 +949,7 @@ struct CudaTransformer::State {
     DeviceBuffer<float> dynamic_cos, dynamic_sin;
     const auto [cos_table, sin_table] = rope_span(n, dynamic_cos, dynamic_sin);
     const int64_t step =
-        estimator ? layer_major_chunk(chunk, attention.prefill_params.block_size) : chunk;
+        estimator ? layer_major_chunk(chunk, attention.prefill_params.segment_size) : chunk;
     const double dense_keys_per_layer = static_cast<double>(config.num_kv_heads) * n * (n + 1) / 2;
     EventTimer estimate_timer, attention_timer;
     plans.clear();
@@ -933,8 +976,38 @@ struct CudaTransformer::State {
         const int64_t m = std::min<int64_t>(step, n - t0);
         // The rotated queries go straight to the layer's prompt-wide query rows.
         bf16* q = prompt_q.data() + t0 * w.q;
-        enqueue_qkv(layer, prompt_hidden.data() + t0 * w.hidden, m, cos_table + t0 * w.half_rotary,
-                    sin_table + t0 * w.half_rotary, nullptr, q);
+        const float* cos_rows = cos_table + t0 * w.half_rotary;
+        const float* sin_rows = sin_table + t0 * w.half_rotary;
+        // One pass rotates the queries and keys, fills the caches and, for a layer that is
+        // estimated, takes the estimate's statistics (prefill_qkv_epilogue.h).
+        PrefillQkvShape epilogue_shape;
+        epilogue_shape.tokens = m;
+        epilogue_shape.token_stride = w.qkv;
+        epilogue_shape.q_heads = config.num_heads;
+        epilogue_shape.kv_heads = config.num_kv_heads;
+        epilogue_shape.head_dim = w.head_dim;
+        epilogue_shape.adjacent_pairs = config.rope.rotate_adjacent_pairs;
+        epilogue_shape.q_out_stride = w.q;
+        epilogue_shape.cache_stride = context;
+        epilogue_shape.first_position = t0;
+        PrefillQkvStats stats;
+        const bool with_stats = estimator && layer_is_estimated(index, n, all_logits);
+        if (with_stats) stats = estimator->fused_stats();
+        if (prefill_qkv_epilogue_fits(qkv.data(), epilogue_shape, 2 * w.half_rotary, cos_rows,
+                                      sin_rows, q, with_stats ? &stats : nullptr)) {
+          enqueue_qkv_product(layer, prompt_hidden.data() + t0 * w.hidden, m,
+                              first_query_row(index, t0, m, n, all_logits));
+          {
+            const auto timed = stages.scope(Stage::kQkvPointwise, stream);
+            prefill_qkv_epilogue(qkv.data(), epilogue_shape, cos_rows, sin_rows, q, cache_keys,
+                                 cache_values, with_stats ? &stats : nullptr, stream);
+          }
+          if (with_stats) estimator->record_fused(t0, m);
+          const auto timed = stages.scope(Stage::kCacheWrites, stream);
+          record_window(index, q, w.q, t0, m);
+          continue;
+        }
+        enqueue_qkv(layer, prompt_hidden.data() + t0 * w.hidden, m, cos_rows, sin_rows, nullptr, q);
         const bf16* k = qkv.data() + w.q;
         const bf16* v = qkv.data() + w.q + w.kv;
         {

@@ -754,8 +754,7 @@ PrefillEstimator::PrefillEstimator(int num_q_heads, int num_kv_heads, int head_d
   check(cudaMemset(midpoints_.data(), 0, midpoints_.bytes()), "estimator memset");
 }
 
-void PrefillEstimator::record_key_blocks(const bf16* key_cache, int64_t cache_stride, int64_t first,
-                                         int64_t count, cudaStream_t stream) {
+void PrefillEstimator::check_record_range(int64_t first, int64_t count) const {
   const int b = params_.block_size;
   if (first < 0 || count < 0 || first % b != 0 || first + count > max_tokens_) {
     throw Error("GPU prefill estimate: key blocks [" + std::to_string(first) + ", " +
@@ -763,18 +762,48 @@ void PrefillEstimator::record_key_blocks(const bf16* key_cache, int64_t cache_st
                 std::to_string(b) + ") and end within max_tokens (" + std::to_string(max_tokens_) +
                 ")");
   }
-  if (cache_stride < first + count) {
-    throw Error("GPU prefill estimate: key cache stride " + std::to_string(cache_stride) +
-                " is shorter than the keys recorded (" + std::to_string(first + count) + ")");
-  }
   if (first != 0 && first > recorded_tokens_) {
     throw Error("GPU prefill estimate: key blocks from " + std::to_string(first) +
                 " would leave a gap after the " + std::to_string(recorded_tokens_) +
                 " keys recorded so far");
   }
+}
+
+PrefillQkvStats PrefillEstimator::fused_stats() {
+  PrefillQkvStats stats;
+  stats.query_midpoints = midpoints_.data();
+  stats.midpoint_row_stride = row_stride_;
+  stats.key_extrema = key_extrema_.data();
+  stats.block_stride = block_stride_;
+  stats.padded_dim = padded_dim_;
+  stats.segment_size = params_.segment_size;
+  stats.block_size = params_.block_size;
+  return stats;
+}
+
+void PrefillEstimator::record_fused(int64_t first, int64_t count) {
+  check_record_range(first, count);
+  if (first % params_.segment_size != 0) {
+    throw Error("GPU prefill estimate: fused statistics from token " + std::to_string(first) +
+                " must start at a multiple of segment_size (" +
+                std::to_string(params_.segment_size) + ")");
+  }
   recorded_tokens_ = first == 0 ? count : std::max(recorded_tokens_, first + count);
+  if (first == 0 || first == fused_query_tokens_) fused_query_tokens_ = first + count;
+}
+
+void PrefillEstimator::record_key_blocks(const bf16* key_cache, int64_t cache_stride, int64_t first,
+                                         int64_t count, cudaStream_t stream) {
+  check_record_range(first, count);
+  if (cache_stride < first + count) {
+    throw Error("GPU prefill estimate: key cache stride " + std::to_string(cache_stride) +
+                " is shorter than the keys recorded (" + std::to_string(first + count) + ")");
+  }
+  recorded_tokens_ = first == 0 ? count : std::max(recorded_tokens_, first + count);
+  if (first == 0) fused_query_tokens_ = 0;
   if (count == 0) return;
   if (key_cache == nullptr) throw Error("GPU prefill estimate: null key cache");
+  const int b = params_.block_size;
   const int64_t first_block = first / b;
   const int64_t num_blocks = (first + count + b - 1) / b - first_block;
   const dim3 grid(static_cast<unsigned>((num_blocks + 31) / 32),
@@ -829,8 +858,9 @@ DevicePrefillPlan PrefillEstimator::estimate(const bf16* queries, int64_t q_toke
   const int64_t score_head_stride = triangle_entries(segments, blocks_per_segment);
   const bool entropy_rule = rule_ == BudgetRule::kEntropy;
 
-  // 1. Midpoints of segments 1.. (segment 0 sees no block).
-  {
+  // 1. Midpoints of segments 1.. (segment 0 sees no block), unless prefill_qkv_epilogue has
+  // written them for every token.
+  if (fused_query_tokens_ < num_tokens) {
     const dim3 grid(static_cast<unsigned>(segments - 1), static_cast<unsigned>(num_q_heads_));
     const bool vectors = head_dim_ % 8 == 0 && q_token_stride % 8 == 0 &&
                          reinterpret_cast<uintptr_t>(queries) % 16 == 0;

@@ -13,6 +13,7 @@
 #include "attention/prefill_plan.h"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/device_plans.h"
+#include "backends/cuda/prefill_qkv_epilogue.h"
 
 namespace entropyinfer::cuda {
 
@@ -42,6 +43,16 @@ class PrefillEstimator {
   // are stored as bf16: the max and min of bf16 values are bf16 values, so nothing is rounded.
   void record_key_blocks(const bf16* key_cache, int64_t cache_stride, int64_t first, int64_t count,
                          cudaStream_t stream);
+
+  // Where prefill_qkv_epilogue writes the statistics this estimator would otherwise compute
+  // itself: the query midpoints and the key-block extrema, in this estimator's layouts.
+  PrefillQkvStats fused_stats();
+
+  // Records that prefill_qkv_epilogue has written the statistics of tokens [first, first + count)
+  // of the current layer (keys and queries), with the same rules as record_key_blocks. When the
+  // queries of every token of a plan were recorded this way, estimate() does not compute the
+  // midpoints again.
+  void record_fused(int64_t first, int64_t count);
 
   // Plans one layer from the whole prompt's post-RoPE queries (token t, query head h at
   // queries + t * q_token_stride + h * head_dim) and the key blocks recorded for keys
@@ -82,7 +93,10 @@ class PrefillEstimator {
   int64_t block_stride_;  // key blocks per (KV head, kind, dimension) row of key_extrema_
   int64_t row_stride_;    // (segment, group member) rows per (KV head, dimension) of midpoints_
 
-  int64_t recorded_tokens_ = 0;  // keys [0, recorded_tokens_) of the current layer are recorded
+  int64_t recorded_tokens_ = 0;     // keys [0, recorded_tokens_) of the current layer are recorded
+  int64_t fused_query_tokens_ = 0;  // queries [0, this) have midpoints from record_fused
+
+  void check_record_range(int64_t first, int64_t count) const;
 
   // The last plan, as the host knows it.
   bool last_dense_ = true;
