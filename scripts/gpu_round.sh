@@ -253,7 +253,7 @@ if [[ "${steps}" == *",profile,"* && -x "${build}/entropyinfer" ]]; then
       # One whole prefill of PROFILE_PREFILL tokens per method instead, the matrix products left
       # out (their time is in --stage-times): the estimate's and attention's kernels one by one.
       profile_target=(-p "${PROFILE_PREFILL}" -n 1 --profile-prefill)
-      ncu_filter=(--kernel-name "regex:embedding|rms|rope|append|extrema|midpoint|score|entropy|budget|select|keys_read|flash|swiglu|argmax")
+      ncu_filter=(--kernel-name "regex:embedding|rms|rope|append|extrema|midpoint|epilogue|score|entropy|budget|select|keys_read|flash|swiglu|argmax")
     else
       profile_target=(-p 4096 -n 40 --profile-decode-step "${PROFILE_STEP:-30}")
       ncu_filter=()

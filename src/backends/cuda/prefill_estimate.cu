@@ -322,6 +322,7 @@ __global__ __launch_bounds__(kMmaThreads) void score_mma_kernel(
   for (int slice = 0; slice < padded_dim; slice += kMmaSlice) {
     const int dims = min(kMmaSlice, padded_dim - slice);  // a multiple of 16
     __syncthreads();                                      // the previous slice's fragments are read
+    bool has_mid = false, has_lo = false;
     for (int i = threadIdx.x; i < dims * ROWS; i += kMmaThreads) {
       const int d = i / ROWS, r = i % ROWS;
       const float m = tile_midpoints[static_cast<int64_t>(slice + d) * row_stride + r];
@@ -333,6 +334,8 @@ __global__ __launch_bounds__(kMmaThreads) void score_mma_kernel(
       parts[0][row][d] = hi;
       parts[1][row][d] = mid;
       parts[2][row][d] = lo;
+      has_mid |= __bfloat162float(mid) != 0.0f;
+      has_lo |= __bfloat162float(lo) != 0.0f;
     }
     for (int i = threadIdx.x; i < 2 * dims * (kMmaBlocks / 8); i += kMmaThreads) {
       const int kind = i / (dims * (kMmaBlocks / 8)), rest = i % (dims * (kMmaBlocks / 8));
@@ -341,7 +344,12 @@ __global__ __launch_bounds__(kMmaThreads) void score_mma_kernel(
           tile_extrema + kind * kind_stride + static_cast<int64_t>(slice + d) * block_stride +
           block8 * 8);
     }
-    __syncthreads();
+    // A part that is zero across the slice adds exact zeros: skip its products. The sum of two
+    // bf16 extrema whose exponents differ by at most 8 fits in 16 significant bits, so the lowest
+    // part is zero for most slices.
+    const bool any_mid = __syncthreads_or(has_mid) != 0;
+    const bool any_lo = __syncthreads_or(has_lo) != 0;
+    const int parts_used = any_lo ? 3 : (any_mid ? 2 : 1);
     for (int k0 = 0; k0 < dims; k0 += 16) {
       uint32_t b[2][4];  // per kind: (b0, b1) of n8 tile 0, then of n8 tile 1
 #pragma unroll
@@ -354,6 +362,7 @@ __global__ __launch_bounds__(kMmaThreads) void score_mma_kernel(
       for (int g = 0; g < G; ++g) {
 #pragma unroll
         for (int part = 0; part < 3; ++part) {
+          if (part >= parts_used) break;
           uint32_t a[4];
           detail::ldmatrix_x4(
               a, detail::shared_address(&parts[part][g * 16 + (lane & 15)][k0 + (lane >> 4) * 8]));
