@@ -187,6 +187,16 @@ TEST(CudaPrefillQkvEpilogue, HalvesLayoutGroupFourMatchesCpuAndTheSeparateKernel
   run_case(Case{});
 }
 
+TEST(CudaPrefillQkvEpilogue, LlamaHeadsFourToACtaMatchCpuAndTheSeparateKernels) {
+  ENTROPYINFER_REQUIRE_GPU();
+  Case c;
+  c.q_heads = 32;
+  c.kv_heads = 8;
+  c.tokens = 700;
+  c.call_tokens = 128;
+  run_case(c);
+}
+
 TEST(CudaPrefillQkvEpilogue, AdjacentPairsGroupOneHeadDim64OneCall) {
   ENTROPYINFER_REQUIRE_GPU();
   Case c;

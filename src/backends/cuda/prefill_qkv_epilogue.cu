@@ -51,29 +51,50 @@ __device__ __forceinline__ int slice_dim(int lane, int e, int half, bool adjacen
   return adjacent ? lane * 8 + e : (e < 4 ? lane * 4 + e : half + lane * 4 + (e - 4));
 }
 
-// Rotates one row slice of a head: 4 pairs, read from `source`, written to `target` as bf16;
-// `rotated` receives the 8 values as written (bf16-rounded), in slice_dim order.
-__device__ __forceinline__ void rotate_slice(const bf16* source, bf16* target, const float* cos,
-                                             const float* sin, int lane, int half, bool adjacent,
-                                             float* rotated) {
+// One row slice of a head as loaded: the 8 values of 4 rotation pairs (adjacent layout: the 16
+// bytes of 8 consecutive dimensions; halves layout: x, y the pairs' first elements, z, w their
+// second) and the 4 pairs' angles.
+struct RowSlice {
+  uint4 data;
+  float4 cos, sin;
+};
+
+__device__ __forceinline__ RowSlice load_slice(const bf16* source, const float* cos,
+                                               const float* sin, int lane, int half,
+                                               bool adjacent) {
+  RowSlice slice;
+  if (adjacent) {
+    slice.data = *reinterpret_cast<const uint4*>(source + lane * 8);
+  } else {
+    const uint2 first = *reinterpret_cast<const uint2*>(source + lane * 4);
+    const uint2 second = *reinterpret_cast<const uint2*>(source + half + lane * 4);
+    slice.data = make_uint4(first.x, first.y, second.x, second.y);
+  }
+  slice.cos = *reinterpret_cast<const float4*>(cos + lane * 4);
+  slice.sin = *reinterpret_cast<const float4*>(sin + lane * 4);
+  return slice;
+}
+
+// Rotates a loaded slice and writes it to `target` as bf16; `rotated` receives the 8 values as
+// written (bf16-rounded), in slice_dim order.
+__device__ __forceinline__ void rotate_store(const RowSlice& slice, bf16* target, int lane,
+                                             int half, bool adjacent, float* rotated) {
   float a[4], b[4];
   if (adjacent) {
     float packed[8];
-    const uint4 both = *reinterpret_cast<const uint4*>(source + lane * 8);
-    unpack4(make_uint2(both.x, both.y), packed);
-    unpack4(make_uint2(both.z, both.w), packed + 4);
+    unpack4(make_uint2(slice.data.x, slice.data.y), packed);
+    unpack4(make_uint2(slice.data.z, slice.data.w), packed + 4);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       a[i] = packed[2 * i];
       b[i] = packed[2 * i + 1];
     }
   } else {
-    unpack4(*reinterpret_cast<const uint2*>(source + lane * 4), a);
-    unpack4(*reinterpret_cast<const uint2*>(source + half + lane * 4), b);
+    unpack4(make_uint2(slice.data.x, slice.data.y), a);
+    unpack4(make_uint2(slice.data.z, slice.data.w), b);
   }
-  const float4 c = *reinterpret_cast<const float4*>(cos + lane * 4);
-  const float4 s = *reinterpret_cast<const float4*>(sin + lane * 4);
-  const float cs[4] = {c.x, c.y, c.z, c.w}, sn[4] = {s.x, s.y, s.z, s.w};
+  const float cs[4] = {slice.cos.x, slice.cos.y, slice.cos.z, slice.cos.w};
+  const float sn[4] = {slice.sin.x, slice.sin.y, slice.sin.z, slice.sin.w};
   float ra[4], rb[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -100,12 +121,17 @@ __device__ __forceinline__ void rotate_slice(const bf16* source, bf16* target, c
   }
 }
 
+// Rows a thread loads before it rotates and stores any of them. The stores could alias the loads
+// as far as the compiler knows, so without the batch each row's loads would wait for the previous
+// row's stores: one row in flight per thread.
+constexpr int kBatch = 4;
+
 // Grid: (tiles of tile_rows tokens, q_heads + 2 * kv_heads). A CTA works on one head of one tile:
 // query heads rotate into q_out (and reduce their tile, one segment, to midpoints), key heads
 // rotate into the key cache (and reduce each block of block_size rows to its extrema), value heads
 // are copied. Each thread owns a slice of 8 dimensions (4 rotation pairs) of rows group,
 // group + groups, ... (queries) or of whole key blocks.
-__global__ __launch_bounds__(kThreads, 3) void prefill_qkv_epilogue_kernel(EpilogueArgs args) {
+__global__ __launch_bounds__(kThreads, 2) void prefill_qkv_epilogue_kernel(EpilogueArgs args) {
   __shared__ float shared_max[kSharedPerKind];
   __shared__ float shared_min[kSharedPerKind];
   wait_for_prerequisite_grids();
@@ -154,16 +180,28 @@ __global__ __launch_bounds__(kThreads, 3) void prefill_qkv_epilogue_kernel(Epilo
       high[e] = -FLT_MAX;
       low[e] = FLT_MAX;
     }
-    // Unrolled so that several rows' loads are in flight per thread.
-#pragma unroll 4
-    for (int64_t token = tile_begin + group; has_group && token < tile_end; token += groups) {
-      rotate_slice(source_head + token * s.token_stride, target_head + token * target_stride,
-                   args.cos + token * half, args.sin + token * half, lane, half, s.adjacent_pairs,
-                   rotated);
+    for (int64_t first = tile_begin + group; has_group && first < tile_end;
+         first += kBatch * groups) {
+      RowSlice rows[kBatch];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        high[e] = fmaxf(high[e], rotated[e]);
-        low[e] = fminf(low[e], rotated[e]);
+      for (int r = 0; r < kBatch; ++r) {
+        const int64_t token = first + r * groups;
+        if (token < tile_end) {
+          rows[r] = load_slice(source_head + token * s.token_stride, args.cos + token * half,
+                               args.sin + token * half, lane, half, s.adjacent_pairs);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kBatch; ++r) {
+        const int64_t token = first + r * groups;
+        if (token >= tile_end) break;
+        rotate_store(rows[r], target_head + token * target_stride, lane, half, s.adjacent_pairs,
+                     rotated);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          high[e] = fmaxf(high[e], rotated[e]);
+          low[e] = fminf(low[e], rotated[e]);
+        }
       }
     }
     if (!args.with_stats) return;
@@ -206,15 +244,27 @@ __global__ __launch_bounds__(kThreads, 3) void prefill_qkv_epilogue_kernel(Epilo
     if (has_group && block < tile_blocks) {
       const int64_t begin = tile_begin + block * b;
       const int64_t end = min(begin + b, tile_end);
-#pragma unroll 4
-      for (int64_t token = begin; token < end; ++token) {
-        rotate_slice(source_head + token * s.token_stride, target_head + token * target_stride,
-                     args.cos + token * half, args.sin + token * half, lane, half, s.adjacent_pairs,
-                     rotated);
+      for (int64_t first = begin; first < end; first += kBatch) {
+        RowSlice rows[kBatch];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          high[e] = fmaxf(high[e], rotated[e]);
-          low[e] = fminf(low[e], rotated[e]);
+        for (int r = 0; r < kBatch; ++r) {
+          const int64_t token = first + r;
+          if (token < end) {
+            rows[r] = load_slice(source_head + token * s.token_stride, args.cos + token * half,
+                                 args.sin + token * half, lane, half, s.adjacent_pairs);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < kBatch; ++r) {
+          const int64_t token = first + r;
+          if (token >= end) break;
+          rotate_store(rows[r], target_head + token * target_stride, lane, half, s.adjacent_pairs,
+                       rotated);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            high[e] = fmaxf(high[e], rotated[e]);
+            low[e] = fminf(low[e], rotated[e]);
+          }
         }
       }
     }
