@@ -126,6 +126,38 @@ __device__ __forceinline__ void rotate_store(const RowSlice& slice, bf16* target
 // row's stores: one row in flight per thread.
 constexpr int kBatch = 4;
 
+// Rotates rows first, first + step, ... (kBatch of them, those before end) of one head's slice
+// into target_head and folds the values written into high/low.
+__device__ __forceinline__ void rotate_batch(const EpilogueArgs& args, const bf16* source_head,
+                                             bf16* target_head, int64_t target_stride,
+                                             int64_t first, int64_t step, int64_t end, int lane,
+                                             float* high, float* low) {
+  const PrefillQkvShape& s = args.shape;
+  const int half = s.head_dim / 2;
+  RowSlice rows[kBatch];
+#pragma unroll
+  for (int r = 0; r < kBatch; ++r) {
+    const int64_t token = first + r * step;
+    if (token < end) {
+      rows[r] = load_slice(source_head + token * s.token_stride, args.cos + token * half,
+                           args.sin + token * half, lane, half, s.adjacent_pairs);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kBatch; ++r) {
+    const int64_t token = first + r * step;
+    if (token >= end) break;
+    float rotated[8];
+    rotate_store(rows[r], target_head + token * target_stride, lane, half, s.adjacent_pairs,
+                 rotated);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      high[e] = fmaxf(high[e], rotated[e]);
+      low[e] = fminf(low[e], rotated[e]);
+    }
+  }
+}
+
 // Grid: (tiles of tile_rows tokens, q_heads + 2 * kv_heads). A CTA works on one head of one tile:
 // query heads rotate into q_out (and reduce their tile, one segment, to midpoints), key heads
 // rotate into the key cache (and reduce each block of block_size rows to its extrema), value heads
@@ -171,8 +203,6 @@ __global__ __launch_bounds__(kThreads, 2) void prefill_qkv_epilogue_kernel(Epilo
           ? args.q_out + static_cast<int64_t>(head) * D
           : args.key_cache + (static_cast<int64_t>(kv) * s.cache_stride + s.first_position) * D;
   const int64_t target_stride = is_query ? s.q_out_stride : D;
-  float rotated[8];
-
   if (is_query || !args.with_stats) {
     float high[8], low[8];
 #pragma unroll
@@ -182,27 +212,8 @@ __global__ __launch_bounds__(kThreads, 2) void prefill_qkv_epilogue_kernel(Epilo
     }
     for (int64_t first = tile_begin + group; has_group && first < tile_end;
          first += kBatch * groups) {
-      RowSlice rows[kBatch];
-#pragma unroll
-      for (int r = 0; r < kBatch; ++r) {
-        const int64_t token = first + r * groups;
-        if (token < tile_end) {
-          rows[r] = load_slice(source_head + token * s.token_stride, args.cos + token * half,
-                               args.sin + token * half, lane, half, s.adjacent_pairs);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < kBatch; ++r) {
-        const int64_t token = first + r * groups;
-        if (token >= tile_end) break;
-        rotate_store(rows[r], target_head + token * target_stride, lane, half, s.adjacent_pairs,
-                     rotated);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          high[e] = fmaxf(high[e], rotated[e]);
-          low[e] = fminf(low[e], rotated[e]);
-        }
-      }
+      rotate_batch(args, source_head, target_head, target_stride, first, groups, tile_end, lane,
+                   high, low);
     }
     if (!args.with_stats) return;
     for (int e = 0; e < 8 && has_group; ++e) {
@@ -245,27 +256,7 @@ __global__ __launch_bounds__(kThreads, 2) void prefill_qkv_epilogue_kernel(Epilo
       const int64_t begin = tile_begin + block * b;
       const int64_t end = min(begin + b, tile_end);
       for (int64_t first = begin; first < end; first += kBatch) {
-        RowSlice rows[kBatch];
-#pragma unroll
-        for (int r = 0; r < kBatch; ++r) {
-          const int64_t token = first + r;
-          if (token < end) {
-            rows[r] = load_slice(source_head + token * s.token_stride, args.cos + token * half,
-                                 args.sin + token * half, lane, half, s.adjacent_pairs);
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < kBatch; ++r) {
-          const int64_t token = first + r;
-          if (token >= end) break;
-          rotate_store(rows[r], target_head + token * target_stride, lane, half, s.adjacent_pairs,
-                       rotated);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            high[e] = fmaxf(high[e], rotated[e]);
-            low[e] = fminf(low[e], rotated[e]);
-          }
-        }
+        rotate_batch(args, source_head, target_head, target_stride, first, 1, end, lane, high, low);
       }
     }
     for (int e = 0; e < 8 && has_group; ++e) {
