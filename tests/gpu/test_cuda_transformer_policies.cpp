@@ -90,6 +90,31 @@ TEST(CudaTransformerPolicies, SparsePrefillReadingEverythingEqualsDense) {
   }
 }
 
+// A layer-by-layer pass holds at most chunk_tokens rows: with chunks shorter than a query segment
+// the passes are whole key blocks (the estimator then takes the statistics itself), and chunks
+// shorter than a key block are refused with a clear error.
+TEST(CudaTransformerPolicies, ChunksShorterThanASegmentRunAndShorterThanABlockAreRefused) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const ModelConfig config = small_config(0);
+  const ModelWeights weights = gpu_exact_model(config, 13);
+  cuda::CudaModelOptions options;
+  options.context_length = 1024;
+  options.chunk_tokens = 200;
+  cuda::CudaTransformer dense(weights, options);
+  options.attention = small_sparse(PrefillMethod::kEntropy, 2048);  // selects every block
+  options.chunk_tokens = 44;  // segments of 64: passes of 40 rows
+  cuda::CudaTransformer sparse(weights, options);
+  const auto prompt = test_prompt(300, config.vocab_size);
+  Agreement agreement;
+  compare_rows(sparse.forward(prompt, true), dense.forward(prompt, true), config.vocab_size,
+               agreement);
+  EXPECT_LE(agreement.worst_relative_l2, 5e-3);
+  EXPECT_EQ(sparse.attention_work().prefill_keys_read, sparse.attention_work().prefill_keys_dense);
+  options.chunk_tokens = 4;
+  testing::expect_error_naming([&] { cuda::CudaTransformer model(weights, options); },
+                               {"chunk_tokens (4)", "block_size (8)"}, "chunk of 4 tokens");
+}
+
 // The opt-in breakdown of a prefill: it changes no result, names the parts each path runs, and its
 // parts add up to no more GPU time than the whole prefill took on the clock.
 TEST(CudaTransformerPolicies, StageTimingChangesNothingAndCoversTheParts) {

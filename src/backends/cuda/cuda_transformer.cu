@@ -86,11 +86,16 @@ BudgetRule budget_rule(PrefillMethod method) {
   return method == PrefillMethod::kEntropy ? BudgetRule::kEntropy : BudgetRule::kFixed;
 }
 
-// Prompt rows per pass in the layer-major path: a multiple of the query segment (itself a
-// multiple of the key block), so that every pass but the last covers whole segments and blocks and
-// the fused q/k/v epilogue can take their statistics.
-int64_t layer_major_chunk(int64_t chunk, int segment_size) {
-  return std::max<int64_t>(segment_size, chunk / segment_size * segment_size);
+// Prompt rows per pass in the layer-major path of a sparse prefill, at most `chunk` (the
+// activation buffers hold that many rows): a multiple of the query segment when a chunk holds one,
+// so that every pass but the last covers whole segments and blocks and the fused q/k/v epilogue
+// takes their statistics; otherwise a multiple of the key block, and the estimator's own kernels
+// take them. A chunk shorter than a key block must hold the whole context (configure_attention
+// refuses it otherwise), so the prompt is one pass.
+int64_t layer_major_chunk(int64_t chunk, int segment_size, int block_size) {
+  if (chunk >= segment_size) return chunk / segment_size * segment_size;
+  if (chunk >= block_size) return chunk / block_size * block_size;
+  return chunk;
 }
 
 // An upper bound on one layer's compressed cache rows (all cache heads, decode room included), for
@@ -444,13 +449,21 @@ struct CudaTransformer::State {
     layer_major = sparse_prefill(attention) || options.layer_major_prefill || compress_in_prefill;
     decode_room = options.decode_room;
     if (decode_room < 1) throw Error("decode_room must be at least 1 token");
+    if (sparse_prefill(attention) && chunk < attention.prefill_params.block_size &&
+        chunk < context) {
+      throw Error("chunk_tokens (" + std::to_string(chunk) +
+                  ") must be at least the sparse prefill's block_size (" +
+                  std::to_string(attention.prefill_params.block_size) +
+                  "): each pass records whole key blocks");
+    }
     // Products over a whole chunk take the fastest of cuBLASLt's first eight algorithms, timed on
     // their first run (bench_gemm at 16k tokens: 2-11% faster than the heuristic's choice on three
     // of the four products). A prompt's shorter last chunk keeps the heuristic's choice, so a new
     // prompt length never stops to tune. Single-token products take the GEMV configuration
     // measured fastest for the shape.
     const int64_t whole_chunk =
-        sparse_prefill(attention) ? layer_major_chunk(chunk, attention.prefill_params.segment_size)
+        sparse_prefill(attention) ? layer_major_chunk(chunk, attention.prefill_params.segment_size,
+                                                      attention.prefill_params.block_size)
                                   : chunk;
     using GemmTuning = CudaModelOptions::GemmTuning;
     blas.set_autotune(options.gemm_tuning == GemmTuning::kHeuristic ? 0 : 8,
@@ -948,8 +961,9 @@ struct CudaTransformer::State {
   void run_layer_major(int64_t n, bool all_logits, std::vector<float>* all) {
     DeviceBuffer<float> dynamic_cos, dynamic_sin;
     const auto [cos_table, sin_table] = rope_span(n, dynamic_cos, dynamic_sin);
-    const int64_t step =
-        estimator ? layer_major_chunk(chunk, attention.prefill_params.segment_size) : chunk;
+    const int64_t step = estimator ? layer_major_chunk(chunk, attention.prefill_params.segment_size,
+                                                       attention.prefill_params.block_size)
+                                   : chunk;
     const double dense_keys_per_layer = static_cast<double>(config.num_kv_heads) * n * (n + 1) / 2;
     EventTimer estimate_timer, attention_timer;
     plans.clear();
@@ -990,8 +1004,12 @@ struct CudaTransformer::State {
         epilogue_shape.q_out_stride = w.q;
         epilogue_shape.cache_stride = context;
         epilogue_shape.first_position = t0;
+        // The statistics only for passes of whole segments (every pass but the last when the
+        // chunk holds a segment); otherwise the estimator reads the keys back itself.
+        const int S = attention.prefill_params.segment_size;
+        const bool estimated = estimator && layer_is_estimated(index, n, all_logits);
+        const bool with_stats = estimated && t0 % S == 0 && (m % S == 0 || t0 + m == n);
         PrefillQkvStats stats;
-        const bool with_stats = estimator && layer_is_estimated(index, n, all_logits);
         if (with_stats) stats = estimator->fused_stats();
         if (prefill_qkv_epilogue_fits(qkv.data(), epilogue_shape, 2 * w.half_rotary, cos_rows,
                                       sin_rows, q, with_stats ? &stats : nullptr)) {
@@ -1002,7 +1020,13 @@ struct CudaTransformer::State {
             prefill_qkv_epilogue(qkv.data(), epilogue_shape, cos_rows, sin_rows, q, cache_keys,
                                  cache_values, with_stats ? &stats : nullptr, stream);
           }
-          if (with_stats) estimator->record_fused(t0, m);
+          if (with_stats) {
+            estimator->record_fused(t0, m);
+          } else if (estimated) {
+            estimate_timer.start(stream);
+            estimator->record_key_blocks(cache_keys, context, t0, m, stream);
+            estimate_timer.stop(stream);
+          }
           const auto timed = stages.scope(Stage::kCacheWrites, stream);
           record_window(index, q, w.q, t0, m);
           continue;

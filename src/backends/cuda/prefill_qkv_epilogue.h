@@ -42,8 +42,10 @@ struct PrefillQkvShape {
 };
 
 // Whether the fused pass handles this shape: full rotation, head_dim a multiple of 8 up to 256,
-// 16-byte aligned rows and tables. With stats also: first_position a multiple of segment_size,
-// so that no segment is split between two calls. Otherwise use the separate kernels.
+// 16-byte aligned rows and tables. With stats also: first_position a multiple of segment_size.
+// Otherwise use the separate kernels. A call with stats must also end on a segment boundary or at
+// the prompt's end (the caller's to know): a segment's midpoints are those of the rows one call
+// sees.
 bool prefill_qkv_epilogue_fits(const bf16* qkv, const PrefillQkvShape& shape, int rotary_dim,
                                const float* cos, const float* sin, const bf16* q_out,
                                const PrefillQkvStats* stats);
