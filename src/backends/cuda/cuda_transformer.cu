@@ -816,6 +816,11 @@ struct CudaTransformer::State {
   // pass's last row feeds anything (the logits), so other spans need none and the last span one.
   // Its keys and values, and its queries for an observation window, are still made for every row.
   // The last row is computed as in any other layer: llama.cpp prunes the same way.
+  int64_t output_rows_of_layer(int index, int64_t t0, int64_t m, int64_t n, bool all_logits) const {
+    if (all_logits || index + 1 < config.num_layers) return m;
+    return t0 + m == n ? 1 : 0;
+  }
+
   // Whether run_layer_major estimates a plan for layer `index` of an n-token prompt: not for the
   // dense first layers, nor for a last layer that reads only its last row, unless plans are
   // recorded (they describe every layer).
@@ -834,11 +839,6 @@ struct CudaTransformer::State {
     }
     const int64_t first_read = n - std::max<int64_t>(keeps_window ? window : 0, 1);
     return std::clamp<int64_t>(first_read - t0, 0, m);
-  }
-
-  int64_t output_rows_of_layer(int index, int64_t t0, int64_t m, int64_t n, bool all_logits) const {
-    if (all_logits || index + 1 < config.num_layers) return m;
-    return t0 + m == n ? 1 : 0;
   }
 
   // The whole decode step of the token in ids[0] at *device_position: embedding, layers, logits and
@@ -1011,40 +1011,31 @@ struct CudaTransformer::State {
         const bool with_stats = estimated && t0 % S == 0 && (m % S == 0 || t0 + m == n);
         PrefillQkvStats stats;
         if (with_stats) stats = estimator->fused_stats();
-        if (prefill_qkv_epilogue_fits(qkv.data(), epilogue_shape, 2 * w.half_rotary, cos_rows,
-                                      sin_rows, q, with_stats ? &stats : nullptr)) {
+        const bool fused =
+            prefill_qkv_epilogue_fits(qkv.data(), epilogue_shape, 2 * w.half_rotary, cos_rows,
+                                      sin_rows, q, with_stats ? &stats : nullptr);
+        if (fused) {
           enqueue_qkv_product(layer, prompt_hidden.data() + t0 * w.hidden, m,
                               first_query_row(index, t0, m, n, all_logits));
-          {
-            const auto timed = stages.scope(Stage::kQkvPointwise, stream);
-            prefill_qkv_epilogue(qkv.data(), epilogue_shape, cos_rows, sin_rows, q, cache_keys,
-                                 cache_values, with_stats ? &stats : nullptr, stream);
-          }
-          if (with_stats) {
-            estimator->record_fused(t0, m);
-          } else if (estimated) {
-            estimate_timer.start(stream);
-            estimator->record_key_blocks(cache_keys, context, t0, m, stream);
-            estimate_timer.stop(stream);
-          }
+          const auto timed = stages.scope(Stage::kQkvPointwise, stream);
+          prefill_qkv_epilogue(qkv.data(), epilogue_shape, cos_rows, sin_rows, q, cache_keys,
+                               cache_values, with_stats ? &stats : nullptr, stream);
+        } else {  // partial rotation or unaligned rows: the separate kernels
+          enqueue_qkv(layer, prompt_hidden.data() + t0 * w.hidden, m, cos_rows, sin_rows, nullptr,
+                      q);
           const auto timed = stages.scope(Stage::kCacheWrites, stream);
-          record_window(index, q, w.q, t0, m);
-          continue;
+          append_kv(qkv.data() + w.q, qkv.data() + w.q + w.kv, m, w.qkv, config.num_kv_heads,
+                    w.head_dim, cache_keys, cache_values, context, t0, stream);
         }
-        enqueue_qkv(layer, prompt_hidden.data() + t0 * w.hidden, m, cos_rows, sin_rows, nullptr, q);
-        const bf16* k = qkv.data() + w.q;
-        const bf16* v = qkv.data() + w.q + w.kv;
-        {
-          const auto timed = stages.scope(Stage::kCacheWrites, stream);
-          append_kv(k, v, m, w.qkv, config.num_kv_heads, w.head_dim, cache_keys, cache_values,
-                    context, t0, stream);
-          record_window(index, q, w.q, t0, m);
-        }
-        if (estimator) {
+        if (fused && with_stats) {
+          estimator->record_fused(t0, m);
+        } else if (estimated) {
           estimate_timer.start(stream);
           estimator->record_key_blocks(cache_keys, context, t0, m, stream);
           estimate_timer.stop(stream);
         }
+        const auto timed = stages.scope(Stage::kCacheWrites, stream);
+        record_window(index, q, w.q, t0, m);
       }
       FlashShape shape = decode_shape(0);
       shape.tokens = n;

@@ -1,5 +1,6 @@
 // The GPU prefill estimate. Kernels, in the order estimate() enqueues them:
-//   1. query_midpoint_kernel: (qmax + qmin) / 2 of every (query head, segment), one CTA each.
+//   1. query_midpoint_kernel: (qmax + qmin) / 2 of every (query head, segment), one CTA each;
+//      skipped when prefill_qkv_epilogue recorded every midpoint (record_fused).
 //   2. score_mma_kernel: the criticality triangle of every KV head, a small GEMM on the tensor
 //      cores over shared-memory tiles of midpoints (split into exact bf16 parts) and key extrema,
 //      with the max / group mean in the epilogue (score_row_kernel instead for group sizes the
@@ -9,7 +10,8 @@
 //      then budgets become block counts and a block-wide scan turns them into row_offsets.
 //   5. select_kernel: one CTA per sparse row; radix select of the keep-th largest score, then one
 //      scan in index order writes the chosen blocks ascending.
-// record_key_blocks runs key_extrema_kernel as keys enter the cache.
+// record_key_blocks runs key_extrema_kernel as keys enter the cache (or prefill_qkv_epilogue takes
+// the extrema itself: record_fused).
 //
 // Equality with the CPU (attention/entropy_prefill.cpp) is by construction where the arithmetic
 // allows: extrema and midpoints are exact (bf16 inputs, the same fp32 operations), the group sum
