@@ -343,6 +343,33 @@ TEST(BpeTokenizerErrors, MissingFileCorruptJsonAndUnknownPattern) {
             std::string::npos);
 }
 
+TEST(BpeTokenizerErrors, UnknownDecoderTypeIsRefused) {
+  const fs::path dir = scratch_dir();
+  nlohmann::json root = tiny_tokenizer_json({}, nlohmann::json::array());
+  root["decoder"] = {
+      {"type", "Sequence"},
+      {"decoders", {{{"type", "ByteLevel"}}, {{"type", "Strip"}, {"content", " "}}}}};
+  write_file(dir / "tokenizer.json", root.dump());
+  const std::string message = error_message_of([&] { load_tokenizer(dir.string()); });
+  EXPECT_NE(message.find("unsupported decoder type \"Strip\""), std::string::npos) << message;
+  EXPECT_NE(message.find("decoder.decoders[1]"), std::string::npos) << message;
+}
+
+TEST(BpeTokenizerJson, ParsesFromTextWithoutTheFilesBesideIt) {
+  const nlohmann::json root = tiny_tokenizer_json({"ab"}, {"a b"});
+  const auto tokenizer = parse_hf_bpe_tokenizer(root.dump(), "inline tokenizer.json");
+  EXPECT_EQ(encode_plain(*tokenizer, "ab"), (std::vector<int32_t>{256}));
+  const std::string hostile = error_message_of(
+      [] { parse_hf_bpe_tokenizer(R"({"model": {"vocab": {"a": 1e400}}})", "inline"); });
+  EXPECT_NE(hostile.find("not valid JSON"), std::string::npos) << hostile;
+}
+
+TEST(TokenizerFiles, DevicesAndFifosAreRefusedByKind) {
+  if (!fs::exists("/dev/zero")) GTEST_SKIP() << "no /dev/zero on this system";
+  const std::string message = error_message_of([] { load_tokenizer("/dev/zero"); });
+  EXPECT_NE(message.find("character device"), std::string::npos) << message;
+}
+
 TEST(BpeTokenizerErrors, BadTiktokenFiles) {
   const fs::path dir = scratch_dir();
   std::string ranks;

@@ -206,7 +206,7 @@ TEST(SafetensorsErrors, HeaderNotJson) {
 TEST(SafetensorsErrors, HeaderNotAnObject) {
   TempFolder folder("st-arr");
   testing::write_safetensors_raw(folder.file("a.safetensors"), "[1, 2]", "");
-  EXPECT_TRUE(mentions_all(open_error(folder.file("a.safetensors")), {"not a JSON object"}));
+  EXPECT_TRUE(mentions_all(open_error(folder.file("a.safetensors")), {"start with '{'"}));
 }
 
 TEST(SafetensorsErrors, OffsetsOutOfRange) {
@@ -331,6 +331,86 @@ TEST(SafetensorsErrors, NonStringMetadata) {
   TempFolder folder("st-meta");
   testing::write_safetensors_raw(folder.file("m.safetensors"), R"({"__metadata__": {"n": 3}})", "");
   EXPECT_TRUE(mentions_all(open_error(folder.file("m.safetensors")), {"metadata", "'n'"}));
+}
+
+TEST(SafetensorsErrors, ByteOrderMarkBeforeTheHeader) {
+  TempFolder folder("st-bom");
+  testing::write_safetensors_raw(folder.file("b.safetensors"),
+                                 "\xEF\xBB\xBF{\"w\": {\"dtype\": \"F32\", \"shape\": [1], "
+                                 "\"data_offsets\": [0, 4]}}",
+                                 std::string(4, '\0'));
+  EXPECT_TRUE(mentions_all(open_error(folder.file("b.safetensors")),
+                           {folder.file("b.safetensors"), "start with '{'"}));
+}
+
+TEST(SafetensorsErrors, HeaderLengthOneByteShort) {
+  // The header's closing brace then reads as data and every tensor starts one byte early; the
+  // tensors no longer tile the data section, which is how the reader notices.
+  TempFolder folder("st-short");
+  const std::string header = R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}} )";
+  testing::write_safetensors_raw(folder.file("s.safetensors"), header, std::string(4, '\0'),
+                                 static_cast<int64_t>(header.size()) - 1);
+  EXPECT_TRUE(mentions_all(open_error(folder.file("s.safetensors")), {"belong to no tensor"}));
+}
+
+TEST(SafetensorsErrors, BytesBetweenTensorsBelongToNone) {
+  TempFolder folder("st-hole");
+  testing::write_safetensors_raw(folder.file("h.safetensors"),
+                                 R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+          "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+                                 std::string(12, '\0'));
+  EXPECT_TRUE(mentions_all(open_error(folder.file("h.safetensors")),
+                           {"data bytes 4-8", "belong to no tensor", "'b'"}));
+}
+
+TEST(SafetensorsErrors, TrailingBytesBelongToNone) {
+  TempFolder folder("st-tail");
+  testing::write_safetensors_raw(folder.file("t.safetensors"),
+                                 R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
+                                 std::string(6, '\0'));
+  EXPECT_TRUE(mentions_all(open_error(folder.file("t.safetensors")),
+                           {"data bytes 4-6", "end of the file"}));
+}
+
+TEST(SafetensorsErrors, NumberBeyondADoubleInTheHeader) {
+  TempFolder folder("st-1e400");
+  testing::write_safetensors_raw(folder.file("n.safetensors"),
+                                 R"({"__metadata__": {}, "x": 1e400})", "");
+  EXPECT_TRUE(mentions_all(open_error(folder.file("n.safetensors")),
+                           {folder.file("n.safetensors"), "not valid JSON"}));
+}
+
+TEST(SafetensorsErrors, DeeplyNestedHeader) {
+  TempFolder folder("st-deep");
+  const std::string header = "{\"x\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  testing::write_safetensors_raw(folder.file("d.safetensors"), header, "");
+  EXPECT_TRUE(mentions_all(open_error(folder.file("d.safetensors")), {"nests deeper than"}));
+}
+
+TEST(SafetensorsIndex, MapsTensorsToShardsInOrderOfFirstUse) {
+  const SafetensorsIndex index = parse_safetensors_index(
+      R"({"metadata": {"total_size": 8}, "weight_map": {"a": "s2.safetensors",
+          "b": "s1.safetensors", "c": "s2.safetensors"}})",
+      "index");
+  ASSERT_EQ(index.shard_names.size(), 2u);
+  EXPECT_EQ(index.shard_names[0], "s2.safetensors");
+  ASSERT_EQ(index.entries.size(), 3u);
+  EXPECT_EQ(index.entries[1].first, "b");
+  EXPECT_EQ(index.entries[1].second, 1u);
+}
+
+TEST(SafetensorsIndex, RefusesHostileIndexes) {
+  auto error_of = [](const std::string& text) {
+    return testing::error_message_of([&] { parse_safetensors_index(text, "the index"); });
+  };
+  EXPECT_TRUE(mentions_all(error_of(R"({"metadata": {"total_size": 1e400}, "weight_map": {}})"),
+                           {"the index", "not valid JSON"}));
+  EXPECT_TRUE(mentions_all(error_of(R"({"weight_map": {"a": "x", "a": "y"}})"), {"'a'", "twice"}));
+  EXPECT_TRUE(mentions_all(error_of(R"({"weight_map": {"a": "../x.safetensors"}})"),
+                           {"not a file inside the model folder"}));
+  EXPECT_TRUE(mentions_all(error_of(R"({"weight_map": {"a": 3}})"), {"not a file name"}));
+  EXPECT_TRUE(mentions_all(error_of(R"({"weight_map": {}})"), {"empty"}));
+  EXPECT_TRUE(mentions_all(error_of(std::string(100000, '[')), {"nests deeper than"}));
 }
 
 }  // namespace

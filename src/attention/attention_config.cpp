@@ -10,6 +10,8 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/json_reader.h"
+#include "core/user_file.h"
 
 namespace entropyinfer {
 namespace {
@@ -247,14 +249,7 @@ AttentionConfig attention_config_from_json(const nlohmann::json& json) {
 }
 
 AttentionConfig load_attention_config(const std::string& path) {
-  std::ifstream stream(path);
-  if (!stream) throw Error("attention config: cannot open '" + path + "'");
-  nlohmann::json json;
-  try {
-    stream >> json;
-  } catch (const nlohmann::json::exception& error) {
-    throw Error("attention config: '" + path + "' is not valid JSON: " + error.what());
-  }
+  const nlohmann::json json = read_json_file(path, "attention config");
   try {
     return attention_config_from_json(json);
   } catch (const Error& error) {

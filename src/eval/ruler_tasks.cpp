@@ -12,6 +12,8 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/json_reader.h"
+#include "core/user_file.h"
 
 namespace entropyinfer::eval {
 namespace {
@@ -268,11 +270,7 @@ Rendered fwe_list(const std::vector<std::string>& pool, uint64_t list_seed, int6
 }
 
 std::vector<std::string> read_lines(const std::string& path) {
-  std::ifstream stream(path, std::ios::binary);
-  if (!stream) throw Error("cannot read the RULER haystack text " + path);
-  std::ostringstream buffer;
-  buffer << stream.rdbuf();
-  const std::string text = buffer.str();
+  const std::string text = read_user_file(path, "RULER haystack text");
   std::vector<std::string> lines;
   std::string line;
   for (size_t i = 0; i < text.size(); ++i) {
@@ -370,17 +368,11 @@ namespace {
 
 RulerSources load_word_pools(const std::string& model_folder, RulerWordSet words) {
   const std::string words_path = model_folder + "/task_words.json";
-  std::ifstream stream(words_path, std::ios::binary);
-  if (!stream) {
+  if (!is_regular_file(words_path)) {
     throw Error("cannot read " + words_path +
                 " (the task word pools that training/train.py writes beside the model)");
   }
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(stream);
-  } catch (const nlohmann::json::exception& error) {
-    throw Error(words_path + " is not valid JSON: " + error.what());
-  }
+  const nlohmann::json json = read_json_file(words_path, "RULER task words");
   if (!json.is_object()) throw Error(words_path + " is not a JSON object");
   if (json.value("format", 0) != 1) {
     throw Error(words_path + ": unsupported task words format (expected \"format\": 1)");

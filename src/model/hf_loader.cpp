@@ -19,6 +19,8 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/json_reader.h"
+#include "core/user_file.h"
 #include "model/model_weights.h"
 #include "model/safetensors.h"
 
@@ -59,29 +61,6 @@ std::string list_names(const std::vector<std::string>& names) {
   return text;
 }
 
-json read_json_file(const fs::path& path) {
-  std::ifstream stream(path, std::ios::binary);
-  if (!stream) throw Error("cannot read '" + path.string() + "'");
-  std::ostringstream text;
-  text << stream.rdbuf();
-  try {
-    return json::parse(text.str());
-  } catch (const json::parse_error& error) {
-    throw Error("'" + path.string() + "' is not valid JSON: " + error.what());
-  }
-}
-
-// A shard name must stay inside the model folder: an index is data, not a licence to read anywhere.
-bool is_safe_shard_name(const std::string& name) {
-  if (name.empty()) return false;
-  const fs::path path(name);
-  if (path.is_absolute() || path.has_root_name()) return false;
-  for (const fs::path& part : path) {
-    if (part == "..") return false;
-  }
-  return true;
-}
-
 TensorCatalog open_single_file(const fs::path& path) {
   TensorCatalog catalog;
   catalog.description = "'" + path.string() + "'";
@@ -94,46 +73,24 @@ TensorCatalog open_single_file(const fs::path& path) {
 
 TensorCatalog open_sharded(const fs::path& folder, const fs::path& index_path) {
   const std::string where = "safetensors index '" + index_path.string() + "'";
-  const json index = read_json_file(index_path);
-  if (!index.is_object() || !index.contains("weight_map") || !index.at("weight_map").is_object()) {
-    throw Error(where + " has no 'weight_map' object");
+  const SafetensorsIndex index =
+      parse_safetensors_index(read_user_file(index_path.string(), "safetensors index"), where);
+  const std::vector<std::string>& shard_names = index.shard_names;
+  for (const std::string& shard : shard_names) {
+    const fs::path shard_path = folder / shard;
+    std::error_code error;
+    if (!fs::is_regular_file(shard_path, error)) {
+      throw Error(where + " lists shard '" + shard + "', but '" + shard_path.string() +
+                  "' does not exist");
+    }
   }
-  const json& weight_map = index.at("weight_map");
-
-  // Each shard is opened (and mapped) once, however many tensors it holds.
-  std::vector<std::string> shard_names;
-  std::unordered_map<std::string, size_t> shard_of_name;
-  std::vector<std::pair<std::string, size_t>> entries;
-  for (const auto& [tensor_name, shard_json] : weight_map.items()) {
-    if (!shard_json.is_string()) {
-      throw Error(where + " maps tensor '" + tensor_name + "' to " + shard_json.dump() +
-                  ", not a file name");
-    }
-    const std::string shard = shard_json.get<std::string>();
-    if (!is_safe_shard_name(shard)) {
-      throw Error(where + " maps tensor '" + tensor_name + "' to '" + shard +
-                  "', which is not a file inside the model folder");
-    }
-    auto [it, inserted] = shard_of_name.emplace(shard, shard_names.size());
-    if (inserted) {
-      shard_names.push_back(shard);
-      const fs::path shard_path = folder / shard;
-      std::error_code error;
-      if (!fs::is_regular_file(shard_path, error)) {
-        throw Error(where + " lists shard '" + shard + "' (for tensor '" + tensor_name +
-                    "'), but '" + shard_path.string() + "' does not exist");
-      }
-    }
-    entries.emplace_back(tensor_name, it->second);
-  }
-  if (entries.empty()) throw Error(where + " has an empty 'weight_map'");
 
   TensorCatalog catalog;
   catalog.description = "the " + std::to_string(shard_names.size()) + " shards listed in " + where;
   catalog.files.reserve(shard_names.size());
   for (const std::string& shard : shard_names)
     catalog.files.emplace_back((folder / shard).string());
-  for (const auto& [tensor_name, file_index] : entries) {
+  for (const auto& [tensor_name, file_index] : index.entries) {
     const SafetensorsTensor* tensor = catalog.files[file_index].find(tensor_name);
     if (tensor == nullptr) {
       throw Error(where + " maps tensor '" + tensor_name + "' to shard '" +

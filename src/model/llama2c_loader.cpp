@@ -18,25 +18,28 @@ struct Llama2cHeader {
 
 class WeightCursor {
  public:
-  WeightCursor(const MappedFile& file, size_t offset) : file_(file), offset_(offset) {}
+  WeightCursor(const uint8_t* bytes, size_t size, const std::string& path, size_t offset)
+      : bytes_(bytes), size_(size), path_(path), offset_(offset) {}
 
   WeightView take(std::vector<int64_t> shape, const char* what) {
     int64_t count = 1;
     for (int64_t extent : shape) count *= extent;
     const size_t bytes = static_cast<size_t>(count) * sizeof(float);
-    if (offset_ + bytes > file_.size()) {
-      throw Error("llama2.c checkpoint '" + file_.path() + "' is truncated: " + what + " needs " +
+    if (offset_ + bytes > size_) {
+      throw Error("llama2.c checkpoint '" + path_ + "' is truncated: " + what + " needs " +
                   std::to_string(offset_ + bytes) + " bytes, the file has " +
-                  std::to_string(file_.size()));
+                  std::to_string(size_));
     }
-    WeightView view{reinterpret_cast<const float*>(file_.data() + offset_), std::move(shape)};
+    WeightView view{reinterpret_cast<const float*>(bytes_ + offset_), std::move(shape)};
     offset_ += bytes;
     return view;
   }
   void skip(int64_t floats, const char* what) { take({floats}, what); }
 
  private:
-  const MappedFile& file_;
+  const uint8_t* bytes_;
+  size_t size_;
+  const std::string& path_;
   size_t offset_;
 };
 
@@ -52,17 +55,26 @@ WeightView layer_slice(const WeightView& stacked, int index) {
 
 ModelWeights load_llama2c_model(const std::string& path) {
   MappedFile file(path);
-  if (file.size() < sizeof(Llama2cHeader)) {
-    throw Error("'" + path + "' is too small to be a llama2.c checkpoint (" +
-                std::to_string(file.size()) + " bytes)");
+  ModelWeights weights = parse_llama2c_checkpoint(file.data(), file.size(), path);
+  weights.mapped_bytes = file.size();
+  weights.mapped_files.push_back(std::move(file));
+  return weights;
+}
+
+ModelWeights parse_llama2c_checkpoint(const uint8_t* bytes, size_t size, const std::string& path) {
+  if (size < sizeof(Llama2cHeader)) {
+    throw Error("'" + path + "' is too small to be a llama2.c checkpoint (" + std::to_string(size) +
+                " bytes)");
   }
   Llama2cHeader header;
-  std::memcpy(&header, file.data(), sizeof(header));
+  std::memcpy(&header, bytes, sizeof(header));
   const bool tied = header.vocab_size > 0;
-  const int32_t vocab = tied ? header.vocab_size : -header.vocab_size;
+  // In 64 bits: negating INT32_MIN would overflow.
+  const int64_t vocab = tied ? int64_t{header.vocab_size} : -int64_t{header.vocab_size};
   if (header.dim <= 0 || header.hidden_dim <= 0 || header.layers <= 0 || header.heads <= 0 ||
-      header.kv_heads <= 0 || vocab <= 0 || header.seq_len <= 0 || header.dim % header.heads != 0 ||
-      header.heads % header.kv_heads != 0 || header.dim > (1 << 16) || header.layers > 1024) {
+      header.kv_heads <= 0 || vocab <= 0 || vocab > INT32_MAX || header.seq_len <= 0 ||
+      header.dim % header.heads != 0 || header.heads % header.kv_heads != 0 ||
+      header.dim > (1 << 16) || header.layers > 1024) {
     throw Error("'" + path + "' does not hold a valid llama2.c header (dim " +
                 std::to_string(header.dim) + ", hidden " + std::to_string(header.hidden_dim) +
                 ", layers " + std::to_string(header.layers) + ", heads " +
@@ -80,7 +92,7 @@ ModelWeights load_llama2c_model(const std::string& path) {
   config.num_heads = header.heads;
   config.num_kv_heads = header.kv_heads;
   config.head_dim = header.dim / header.heads;
-  config.vocab_size = vocab;
+  config.vocab_size = static_cast<int32_t>(vocab);
   config.max_position_embeddings = header.seq_len;
   config.rms_norm_eps = 1e-5f;
   config.tied_embeddings = tied;
@@ -97,7 +109,7 @@ ModelWeights load_llama2c_model(const std::string& path) {
   const int64_t layers = header.layers;
   const int64_t head_dim = config.head_dim;
   const int64_t kv_dim = head_dim * header.kv_heads;
-  WeightCursor cursor(file, sizeof(Llama2cHeader));
+  WeightCursor cursor(bytes, size, path, sizeof(Llama2cHeader));
   weights.token_embedding = cursor.take({vocab, dim}, "token_embedding_table");
   const WeightView attn_norm = cursor.take({layers, dim}, "rms_att_weight");
   const WeightView wq = cursor.take({layers, dim, dim}, "wq");
@@ -127,8 +139,6 @@ ModelWeights load_llama2c_model(const std::string& path) {
     layer.down_proj = layer_slice(w2, i);
     layer.up_proj = layer_slice(w3, i);
   }
-  weights.mapped_bytes = file.size();
-  weights.mapped_files.push_back(std::move(file));
   return weights;
 }
 

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/json_reader.h"
+#include "core/user_file.h"
 
 namespace entropyinfer {
 namespace {
@@ -510,16 +512,7 @@ ModelConfig parse_hf_config(const json& config) {
 }
 
 ModelConfig load_hf_config(const std::string& config_path) {
-  std::ifstream stream(config_path, std::ios::binary);
-  if (!stream) throw Error("cannot read model config '" + config_path + "'");
-  std::ostringstream text;
-  text << stream.rdbuf();
-  json config;
-  try {
-    config = json::parse(text.str());
-  } catch (const json::parse_error& error) {
-    throw Error("model config '" + config_path + "' is not valid JSON: " + error.what());
-  }
+  const json config = read_json_file(config_path, "model config");
   try {
     return parse_hf_config(config);
   } catch (const Error& error) {

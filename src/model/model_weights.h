@@ -60,6 +60,9 @@ ModelWeights load_hf_model(const std::string& folder, LoadProgress progress = nu
 
 // Loads a llama2.c checkpoint (7-int header, fp32 weights).
 ModelWeights load_llama2c_model(const std::string& path);
+// The same over bytes the caller keeps alive (the views point into them); `path` names them in
+// messages.
+ModelWeights parse_llama2c_checkpoint(const uint8_t* bytes, size_t size, const std::string& path);
 
 // Picks the loader from what the path is: a folder (Hugging Face) or a .bin file (llama2.c).
 ModelWeights load_model(const std::string& path, LoadProgress progress = nullptr,

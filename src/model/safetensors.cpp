@@ -2,13 +2,15 @@
 
 #include <algorithm>
 #include <bit>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "core/error.h"
+#include "core/json_reader.h"
 
 namespace entropyinfer {
 namespace {
@@ -54,6 +56,17 @@ bool as_size(const json& value, uint64_t& out) {
   return true;
 }
 
+// A shard name must stay inside the model folder: an index is data, not a licence to read anywhere.
+bool is_safe_shard_name(const std::string& name) {
+  if (name.empty()) return false;
+  const std::filesystem::path path(name);
+  if (path.is_absolute() || path.has_root_name()) return false;
+  for (const std::filesystem::path& part : path) {
+    if (part == "..") return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 const char* dtype_name(TensorDtype dtype) { return entry_of(dtype).name; }
@@ -76,12 +89,10 @@ int64_t SafetensorsTensor::numel() const {
 
 std::string SafetensorsTensor::shape_string() const { return shape_to_string(shape); }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : mapping_(path) {
+SafetensorsLayout parse_safetensors_layout(const uint8_t* bytes, size_t file_size,
+                                           const std::string& where) {
   static_assert(std::endian::native == std::endian::little,
                 "safetensors data is little-endian and is used in place");
-  const std::string where = "safetensors file '" + path + "'";
-  const size_t file_size = mapping_.size();
-  const uint8_t* bytes = mapping_.data();
   if (file_size < 8) {
     throw Error(where + " is truncated: " + std::to_string(file_size) +
                 " bytes, too short for the 8-byte header length");
@@ -93,29 +104,13 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : mapping_(path) {
                 std::to_string(header_length) + " bytes) runs past the end of the file (" +
                 std::to_string(file_size) + " bytes)");
   }
-  const char* header_begin = reinterpret_cast<const char*>(bytes + 8);
-  const char* header_end = header_begin + header_length;
-
-  // nlohmann keeps the last of two equal keys; the parser callback sees every key, so duplicates
-  // are caught here instead of silently resolved.
-  std::set<std::string> seen_names;
-  std::string duplicate_name;
-  auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (depth == 1 && event == json::parse_event_t::key && duplicate_name.empty()) {
-      std::string name = parsed.get<std::string>();
-      if (!seen_names.insert(name).second) duplicate_name = std::move(name);
-    }
-    return true;
-  };
-  json header;
-  try {
-    header = json::parse(header_begin, header_end, on_event);
-  } catch (const json::parse_error& error) {
-    throw Error(where + " has a header that is not valid JSON: " + error.what());
+  // The format requires the header to start with '{': no byte-order mark, no leading space.
+  if (header_length == 0 || bytes[8] != '{') {
+    throw Error(where + " is corrupt: its JSON header does not start with '{'");
   }
-  if (!duplicate_name.empty()) {
-    throw Error(where + " names tensor '" + duplicate_name + "' twice in its header");
-  }
+  const std::string_view header_text(reinterpret_cast<const char*>(bytes + 8),
+                                     static_cast<size_t>(header_length));
+  const json header = parse_json(header_text, where + "'s header", {.unique_keys_at_depth = 1});
   if (!header.is_object()) throw Error(where + " has a header that is not a JSON object");
 
   const size_t data_start = 8 + static_cast<size_t>(header_length);
@@ -125,7 +120,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : mapping_(path) {
     size_t tensor;
   };
   std::vector<Range> ranges;
-  tensors_.reserve(header.size());
+  SafetensorsLayout layout;
+  std::vector<SafetensorsTensor>& tensors = layout.tensors;
+  tensors.reserve(header.size());
 
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
@@ -134,7 +131,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : mapping_(path) {
         if (!value.is_string()) {
           throw Error(where + " has metadata '" + key + "' that is not a string");
         }
-        metadata_[key] = value.get<std::string>();
+        layout.metadata[key] = value.get<std::string>();
       }
       continue;
     }
@@ -198,27 +195,76 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : mapping_(path) {
     }
     tensor.file_offset = data_start + static_cast<size_t>(begin);
     tensor.byte_size = static_cast<size_t>(expected_bytes);
-    tensor.data = bytes + tensor.file_offset;
-    ranges.push_back({begin, end, tensors_.size()});
-    index_.emplace(name, tensors_.size());
-    tensors_.push_back(std::move(tensor));
+    ranges.push_back({begin, end, tensors.size()});
+    tensors.push_back(std::move(tensor));
   }
 
-  // Two tensors sharing bytes would alias each other; empty tensors occupy nothing.
+  // The data section is exactly the tensors' bytes: two tensors sharing bytes would alias each
+  // other, and a byte no tensor covers means the header length or an offset is off (a header one
+  // byte short shifts every tensor by one). Empty tensors occupy nothing.
   std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
+  uint64_t covered_to = 0;
   const Range* previous = nullptr;
   for (const Range& range : ranges) {
     if (range.begin == range.end) continue;
     if (previous != nullptr && range.begin < previous->end) {
-      throw Error(where + ": tensors '" + tensors_[previous->tensor].name + "' (bytes " +
+      throw Error(where + ": tensors '" + tensors[previous->tensor].name + "' (bytes " +
                   std::to_string(previous->begin) + "-" + std::to_string(previous->end) +
-                  ") and '" + tensors_[range.tensor].name + "' (bytes " +
+                  ") and '" + tensors[range.tensor].name + "' (bytes " +
                   std::to_string(range.begin) + "-" + std::to_string(range.end) + ") overlap");
     }
-    if (previous == nullptr || range.end > previous->end) previous = &range;
+    if (range.begin > covered_to) {
+      throw Error(where + " is corrupt: data bytes " + std::to_string(covered_to) + "-" +
+                  std::to_string(range.begin) + " belong to no tensor (before tensor '" +
+                  tensors[range.tensor].name + "')");
+    }
+    covered_to = range.end;
+    previous = &range;
   }
+  if (covered_to != data_size) {
+    throw Error(where + " is corrupt: data bytes " + std::to_string(covered_to) + "-" +
+                std::to_string(data_size) + " at the end of the file belong to no tensor");
+  }
+  return layout;
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : mapping_(path) {
+  SafetensorsLayout layout =
+      parse_safetensors_layout(mapping_.data(), mapping_.size(), "safetensors file '" + path + "'");
+  tensors_ = std::move(layout.tensors);
+  metadata_ = std::move(layout.metadata);
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    tensors_[i].data = mapping_.data() + tensors_[i].file_offset;
+    index_.emplace(tensors_[i].name, i);
+  }
+}
+
+SafetensorsIndex parse_safetensors_index(std::string_view text, const std::string& where) {
+  // Keys at depth 2 are the weight_map's tensor names: one name mapped twice is ambiguous.
+  const json index = parse_json(text, where, {.unique_keys_at_depth = 2});
+  if (!index.is_object() || !index.contains("weight_map") || !index.at("weight_map").is_object()) {
+    throw Error(where + " has no 'weight_map' object");
+  }
+  SafetensorsIndex result;
+  std::unordered_map<std::string, size_t> shard_of_name;
+  for (const auto& [tensor_name, shard_json] : index.at("weight_map").items()) {
+    if (!shard_json.is_string()) {
+      throw Error(where + " maps tensor '" + tensor_name + "' to " + shard_json.dump() +
+                  ", not a file name");
+    }
+    const std::string shard = shard_json.get<std::string>();
+    if (!is_safe_shard_name(shard)) {
+      throw Error(where + " maps tensor '" + tensor_name + "' to '" + shard +
+                  "', which is not a file inside the model folder");
+    }
+    auto [it, inserted] = shard_of_name.emplace(shard, result.shard_names.size());
+    if (inserted) result.shard_names.push_back(shard);
+    result.entries.emplace_back(tensor_name, it->second);
+  }
+  if (result.entries.empty()) throw Error(where + " has an empty 'weight_map'");
+  return result;
 }
 
 const SafetensorsTensor* SafetensorsFile::find(const std::string& name) const {

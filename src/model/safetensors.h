@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/mapped_file.h"
@@ -33,6 +35,28 @@ struct SafetensorsTensor {
   int64_t numel() const;
   std::string shape_string() const;  // e.g. "[4096, 11008]"
 };
+
+// What a safetensors header says, checked against the file's size: tensors sorted by name, with
+// file_offset set and data left null.
+struct SafetensorsLayout {
+  std::vector<SafetensorsTensor> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// Validates the whole file layout from its bytes (header length, JSON header, every entry, and
+// that the tensors tile the data section exactly); throws Error naming `where`.
+SafetensorsLayout parse_safetensors_layout(const uint8_t* bytes, size_t size,
+                                           const std::string& where);
+
+// model.safetensors.index.json: which shard holds each tensor.
+struct SafetensorsIndex {
+  std::vector<std::string> shard_names;                 // each once, in order of first use
+  std::vector<std::pair<std::string, size_t>> entries;  // tensor name, index into shard_names
+};
+
+// Parses and checks an index (a weight_map of tensor names to shard file names inside the model
+// folder); throws Error naming `where`.
+SafetensorsIndex parse_safetensors_index(std::string_view text, const std::string& where);
 
 class SafetensorsFile {
  public:

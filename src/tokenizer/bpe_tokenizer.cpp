@@ -9,6 +9,8 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_reader.h"
+#include "core/user_file.h"
 #include "tokenizer/unicode_text.h"
 
 namespace entropyinfer {
@@ -64,26 +66,11 @@ const ByteLevelAlphabet& byte_level_alphabet() {
 }
 
 std::string read_text_file(const std::string& path, const char* what) {
-  std::error_code error;
-  if (!fs::exists(path, error)) throw Error(std::string(what) + " not found: " + path);
-  if (fs::is_directory(path, error)) {
-    throw Error(std::string(what) + " is a folder, expected a file: " + path);
-  }
-  std::ifstream stream(path, std::ios::binary);
-  if (!stream) throw Error("cannot open " + std::string(what) + ": " + path);
-  std::ostringstream buffer;
-  buffer << stream.rdbuf();
-  if (stream.bad()) throw Error("cannot read " + std::string(what) + ": " + path);
-  return buffer.str();
+  return read_user_file(path, what);
 }
 
 json parse_json_file(const std::string& path, const char* what) {
-  const std::string text = read_text_file(path, what);
-  try {
-    return json::parse(text);
-  } catch (const json::exception& error) {
-    throw Error(path + ": not valid JSON (" + error.what() + ")");
-  }
+  return read_json_file(path, what);
 }
 
 // A JSON value that a config file gives as a token: a string, or an object with "content".
@@ -205,6 +192,27 @@ bool read_normalizer(const json& node, const std::string& where, const std::stri
               " (supported: NFC)");
 }
 
+// The decoder must undo byte-level encoding and nothing else: that is all decode() does, so any
+// other step (Replace, Strip, ByteFallback, ...) would decode differently from Hugging Face.
+void check_decoder(const json& node, const std::string& where, const std::string& path) {
+  if (node.is_null()) return;
+  if (!node.is_object() || !node.contains("type") || !node["type"].is_string()) {
+    throw Error(path + ": " + where + " has no \"type\"");
+  }
+  const std::string type = node["type"].get<std::string>();
+  if (type == "ByteLevel") return;
+  if (type == "Sequence") {
+    const json& items = node.value("decoders", json::array());
+    if (!items.is_array()) throw Error(path + ": " + where + ".decoders is not a list");
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      check_decoder(items[i], where + ".decoders[" + std::to_string(i) + "]", path);
+    }
+    return;
+  }
+  throw Error(path + ": unsupported decoder type \"" + type + "\" in " + where +
+              " (supported: ByteLevel, Sequence of ByteLevel)");
+}
+
 // The token a TemplateProcessing post-processor puts in front of a single sequence, if any.
 std::optional<std::string> template_bos_token(const json& node) {
   if (!node.is_object()) return std::nullopt;
@@ -227,7 +235,9 @@ std::optional<std::string> template_bos_token(const json& node) {
   return std::nullopt;
 }
 
-std::optional<json> read_optional_json(const fs::path& path, const char* what) {
+std::optional<json> read_optional_json(const fs::path& path, const char* what,
+                                       bool read_sidecar_files) {
+  if (!read_sidecar_files) return std::nullopt;
   std::error_code error;
   if (!fs::is_regular_file(path, error)) return std::nullopt;
   return parse_json_file(path.string(), what);
@@ -247,7 +257,10 @@ bool has_byte_level(const json& node) {
   return false;
 }
 
-std::unique_ptr<Tokenizer> build_from_tokenizer_json(const json& root, const std::string& path) {
+// `read_sidecar_files`: whether tokenizer_config.json, generation_config.json and config.json
+// beside `path` are read for BOS and EOS.
+std::unique_ptr<Tokenizer> build_from_tokenizer_json(const json& root, const std::string& path,
+                                                     bool read_sidecar_files) {
   if (!root.is_object()) throw Error(path + ": not a tokenizer.json (top level is not an object)");
   if (!root.contains("model") || !root["model"].is_object()) {
     throw Error(path + ": missing \"model\" object");
@@ -273,6 +286,7 @@ std::unique_ptr<Tokenizer> build_from_tokenizer_json(const json& root, const std
     throw UnsupportedTokenizerFormat(
         path + ": not a byte-level BPE tokenizer (no ByteLevel pre-tokenizer or decoder)");
   }
+  check_decoder(root.value("decoder", json()), "decoder", path);
   PreTokenizerSettings pre_tokenizer;
   read_pre_tokenizer(root.value("pre_tokenizer", json()), "pre_tokenizer", path, pre_tokenizer);
   if (!pre_tokenizer.pattern) {
@@ -384,12 +398,12 @@ std::unique_ptr<Tokenizer> build_from_tokenizer_json(const json& root, const std
 
   // BOS and EOS come from the files beside tokenizer.json, when there are any.
   const fs::path folder = fs::path(path).parent_path();
-  const std::optional<json> tokenizer_config =
-      read_optional_json(folder / "tokenizer_config.json", "tokenizer_config.json");
-  const std::optional<json> generation_config =
-      read_optional_json(folder / "generation_config.json", "generation_config.json");
+  const std::optional<json> tokenizer_config = read_optional_json(
+      folder / "tokenizer_config.json", "tokenizer_config.json", read_sidecar_files);
+  const std::optional<json> generation_config = read_optional_json(
+      folder / "generation_config.json", "generation_config.json", read_sidecar_files);
   const std::optional<json> model_config =
-      read_optional_json(folder / "config.json", "config.json");
+      read_optional_json(folder / "config.json", "config.json", read_sidecar_files);
 
   std::optional<std::string> bos_text = template_bos_token(root.value("post_processor", json()));
   if (!bos_text && tokenizer_config && tokenizer_config->is_object() &&
@@ -528,6 +542,16 @@ bool is_rank_line(std::string_view line) {
   return true;
 }
 
+std::unique_ptr<Tokenizer> build_checked(const json& root, const std::string& path,
+                                         bool read_sidecar_files) {
+  try {
+    return build_from_tokenizer_json(root, path, read_sidecar_files);
+  } catch (const json::exception& json_error) {
+    // A field of the wrong JSON type that the checks above did not anticipate.
+    throw Error(path + ": unexpected structure (" + json_error.what() + ")");
+  }
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------------
@@ -536,16 +560,16 @@ std::unique_ptr<Tokenizer> load_hf_bpe_tokenizer(const std::string& path) {
   std::error_code error;
   const std::string file =
       fs::is_directory(path, error) ? (fs::path(path) / "tokenizer.json").string() : path;
-  const json root = parse_json_file(file, "tokenizer.json");
-  try {
-    return build_from_tokenizer_json(root, file);
-  } catch (const json::exception& json_error) {
-    // A field of the wrong JSON type that the checks above did not anticipate.
-    throw Error(file + ": unexpected structure (" + json_error.what() + ")");
-  }
+  return build_checked(parse_json_file(file, "tokenizer.json"), file, true);
+}
+
+std::unique_ptr<Tokenizer> parse_hf_bpe_tokenizer(std::string_view text,
+                                                  const std::string& source) {
+  return build_checked(parse_json(text, source), source, false);
 }
 
 bool looks_like_tiktoken_file(const std::string& path) {
+  if (!is_regular_file(path)) return false;  // a FIFO or device would block or never end
   std::ifstream stream(path, std::ios::binary);
   if (!stream) return false;
   std::string line;
@@ -556,7 +580,11 @@ bool looks_like_tiktoken_file(const std::string& path) {
 
 std::unique_ptr<Tokenizer> load_tiktoken_tokenizer(const std::string& path,
                                                    const TiktokenOptions& options) {
-  const std::string text = read_text_file(path, "tiktoken rank file");
+  return parse_tiktoken_tokenizer(read_text_file(path, "tiktoken rank file"), path, options);
+}
+
+std::unique_ptr<Tokenizer> parse_tiktoken_tokenizer(std::string_view text, const std::string& path,
+                                                    const TiktokenOptions& options) {
   BpeTokenizer::Definition definition;
   definition.source_name = path;
   definition.whole_piece_lookup = true;  // tiktoken emits a piece that is a token as it is

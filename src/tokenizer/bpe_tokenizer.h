@@ -51,6 +51,10 @@ struct AddedToken {
 // this implementation does not reproduce exactly.
 std::unique_ptr<Tokenizer> load_hf_bpe_tokenizer(const std::string& path);
 
+// The same from the text of a tokenizer.json, without the files beside it (so without BOS/EOS from
+// tokenizer_config.json); `source` names it in messages.
+std::unique_ptr<Tokenizer> parse_hf_bpe_tokenizer(std::string_view text, const std::string& source);
+
 // Which known vocabulary a tiktoken rank file holds: it decides the special tokens appended after
 // the ranks, the EOS ids, and the default pre-tokenizer.
 enum class TiktokenVocabulary {
@@ -69,6 +73,10 @@ struct TiktokenOptions {
 // options.
 std::unique_ptr<Tokenizer> load_tiktoken_tokenizer(const std::string& path,
                                                    const TiktokenOptions& options = {});
+
+// The same from the rank file's text; `path` names it in messages.
+std::unique_ptr<Tokenizer> parse_tiktoken_tokenizer(std::string_view text, const std::string& path,
+                                                    const TiktokenOptions& options = {});
 
 // True when the file's first line looks like a tiktoken rank line ("base64 integer").
 bool looks_like_tiktoken_file(const std::string& path);

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_reader.h"
+#include "core/user_file.h"
 #include "tokenizer/tokenizer.h"
 
 namespace entropyinfer {
@@ -265,14 +267,7 @@ std::string read_chat_template(const std::string& model_path) {
   const fs::path jinja_path = is_dir ? fs::path(model_path) / "chat_template.jinja" : fs::path();
 
   if (fs::exists(config_path, error)) {
-    std::ifstream stream(config_path, std::ios::binary);
-    if (!stream) throw Error("cannot open '" + config_path.string() + "'");
-    nlohmann::json config;
-    try {
-      config = nlohmann::json::parse(stream);
-    } catch (const nlohmann::json::exception& parse_error) {
-      throw Error("'" + config_path.string() + "' is not valid JSON: " + parse_error.what());
-    }
+    const nlohmann::json config = read_json_file(config_path.string(), "tokenizer config");
     if (config.is_object() && config.contains("chat_template")) {
       const nlohmann::json& chat_template = config["chat_template"];
       if (chat_template.is_string()) return chat_template.get<std::string>();
@@ -293,9 +288,7 @@ std::string read_chat_template(const std::string& model_path) {
     }
   }
   if (!jinja_path.empty() && fs::exists(jinja_path, error)) {
-    std::ifstream stream(jinja_path, std::ios::binary);
-    if (!stream) throw Error("cannot open '" + jinja_path.string() + "'");
-    return std::string((std::istreambuf_iterator<char>(stream)), std::istreambuf_iterator<char>());
+    return read_user_file(jinja_path.string(), "chat template");
   }
   throw Error("no chat template found for '" + model_path +
               "': expected a \"chat_template\" in tokenizer_config.json or a chat_template.jinja");

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/user_file.h"
 
 namespace entropyinfer {
 namespace {
@@ -14,7 +15,7 @@ namespace {
 // run.c starts its search for the best pair at this score and only accepts strictly better ones.
 constexpr float kNoMergeScore = -1e10f;
 
-int32_t read_int32_le(const std::string& bytes, size_t offset) {
+int32_t read_int32_le(std::string_view bytes, size_t offset) {
   uint32_t value = 0;
   for (int i = 0; i < 4; ++i) {
     value |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[offset + i])) << (8 * i);
@@ -22,7 +23,7 @@ int32_t read_int32_le(const std::string& bytes, size_t offset) {
   return static_cast<int32_t>(value);
 }
 
-float read_float_le(const std::string& bytes, size_t offset) {
+float read_float_le(std::string_view bytes, size_t offset) {
   const auto bits = static_cast<uint32_t>(read_int32_le(bytes, offset));
   float value = 0.0f;
   std::memcpy(&value, &bits, sizeof value);
@@ -49,15 +50,15 @@ int parse_byte_token(std::string_view text) {
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, int vocab_size) {
+  return parse_llama2c_tokenizer(read_user_file(path, "llama2.c tokenizer"), vocab_size, path);
+}
+
+std::unique_ptr<Tokenizer> parse_llama2c_tokenizer(std::string_view bytes, int vocab_size,
+                                                   const std::string& path) {
   if (vocab_size < -1 || vocab_size == 0) {
     throw Error("llama2.c tokenizer '" + path + "': invalid vocabulary size " +
                 std::to_string(vocab_size) + " (the model's vocab_size, or -1 to read to the end)");
   }
-  std::ifstream stream(path, std::ios::binary);
-  if (!stream) throw Error("cannot open llama2.c tokenizer '" + path + "'");
-  const std::string bytes((std::istreambuf_iterator<char>(stream)),
-                          std::istreambuf_iterator<char>());
-  if (stream.bad()) throw Error("cannot read llama2.c tokenizer '" + path + "'");
   if (bytes.size() < 4) {
     throw Error("llama2.c tokenizer '" + path + "' is too short to hold its header (" +
                 std::to_string(bytes.size()) + " bytes)");
@@ -93,7 +94,7 @@ std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, int v
     if (bytes.size() - offset < static_cast<size_t>(length)) {
       throw Error("llama2.c tokenizer '" + path + "' is truncated inside the text of " + where);
     }
-    entry.text = bytes.substr(offset, static_cast<size_t>(length));
+    entry.text = std::string(bytes.substr(offset, static_cast<size_t>(length)));
     offset += static_cast<size_t>(length);
     vocab.push_back(std::move(entry));
   }

@@ -31,6 +31,10 @@ namespace entropyinfer {
 // the problem when it is missing, truncated or corrupt.
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, int vocab_size);
 
+// The same from the file's bytes; `path` names it in messages.
+std::unique_ptr<Tokenizer> parse_llama2c_tokenizer(std::string_view bytes, int vocab_size,
+                                                   const std::string& path);
+
 class Llama2cTokenizer : public Tokenizer {
  public:
   static constexpr int32_t kUnkId = 0;

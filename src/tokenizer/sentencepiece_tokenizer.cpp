@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/user_file.h"
 #include "tokenizer/protobuf_reader.h"
 
 namespace entropyinfer {
@@ -47,14 +48,6 @@ constexpr uint32_t kRemoveExtraWhitespaces = 4;
 constexpr uint32_t kEscapeWhitespaces = 5;
 constexpr uint32_t kNormalizationRuleTsv = 6;
 }  // namespace normalizer_proto
-
-std::string read_whole_file(const std::string& path) {
-  std::ifstream stream(path, std::ios::binary);
-  if (!stream) throw Error("cannot open SentencePiece model '" + path + "'");
-  std::string bytes((std::istreambuf_iterator<char>(stream)), std::istreambuf_iterator<char>());
-  if (stream.bad()) throw Error("cannot read SentencePiece model '" + path + "'");
-  return bytes;
-}
 
 const char* model_type_name(int32_t type) {
   switch (type) {
@@ -151,6 +144,7 @@ int parse_byte_piece(std::string_view text) {
 }  // namespace
 
 bool looks_like_sentencepiece_model(const std::string& path) {
+  if (!is_regular_file(path)) return false;  // a FIFO or device would block or never end
   std::ifstream stream(path, std::ios::binary);
   if (!stream) return false;
   unsigned char head[16] = {};
@@ -171,7 +165,12 @@ bool looks_like_sentencepiece_model(const std::string& path) {
 }
 
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::string& model_path) {
-  const std::string bytes = read_whole_file(model_path);
+  return parse_sentencepiece_tokenizer(read_user_file(model_path, "SentencePiece model"),
+                                       model_path);
+}
+
+std::unique_ptr<Tokenizer> parse_sentencepiece_tokenizer(std::string_view bytes,
+                                                         const std::string& model_path) {
   if (bytes.empty()) throw Error("SentencePiece model '" + model_path + "' is empty");
 
   std::vector<SentencePieceTokenizer::Piece> pieces;

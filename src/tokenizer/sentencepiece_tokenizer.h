@@ -39,6 +39,10 @@ bool looks_like_sentencepiece_model(const std::string& path);
 // truncated, corrupt, or of an unsupported kind (unigram, custom normalisation rules).
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::string& model_path);
 
+// The same from the bytes of a serialized model; `model_path` names it in messages.
+std::unique_ptr<Tokenizer> parse_sentencepiece_tokenizer(std::string_view bytes,
+                                                         const std::string& model_path);
+
 class SentencePieceTokenizer : public Tokenizer {
  public:
   enum class PieceType : uint8_t {

@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "core/user_file.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/llama2c_tokenizer.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
@@ -127,6 +128,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   const fs::path file(path);
   if (!fs::exists(file, error)) throw Error("tokenizer not found: " + path);
   if (fs::is_directory(file, error)) return load_from_folder(file);
+  check_regular_file(path, "tokenizer");
   if (has_extension(file, ".json")) return load_hf_bpe_tokenizer(path);
   if (has_extension(file, ".tiktoken")) return load_tiktoken_tokenizer(path);
   if (has_extension(file, ".bin")) return load_llama2c_tokenizer(path, -1);

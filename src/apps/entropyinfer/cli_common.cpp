@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_reader.h"
+#include "core/user_file.h"
 
 namespace entropyinfer::cli {
 namespace {
@@ -59,11 +61,7 @@ std::string read_prompt(const std::string& prompt, const std::string& prompt_fil
     throw Error("give either --prompt or --prompt-file, not both");
   }
   if (prompt_file.empty()) return prompt;
-  std::ifstream stream(prompt_file, std::ios::binary);
-  if (!stream) throw Error("cannot read prompt file '" + prompt_file + "'");
-  std::ostringstream text;
-  text << stream.rdbuf();
-  return text.str();
+  return read_user_file(prompt_file, "prompt file");
 }
 
 Transformer::ProgressCallback prefill_progress_printer() {

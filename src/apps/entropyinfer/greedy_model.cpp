@@ -10,6 +10,8 @@
 #include <stdexcept>
 
 #include "core/error.h"
+#include "core/json_reader.h"
+#include "core/user_file.h"
 
 #ifdef ENTROPYINFER_WITH_CUDA
 #include "backends/cuda/cuda_common.h"
@@ -226,8 +228,8 @@ std::vector<int32_t> prompt_token_ids(const Tokenizer& tokenizer, const std::str
 bool sparse_threshold_given(CLI::App* command) {
   bool given = command->get_option("--sparse-threshold")->count() > 0;
   if (const CLI::Option* file = command->get_option("--attention-config"); file->count() > 0) {
-    std::ifstream stream(file->as<std::string>());
-    const nlohmann::json json = nlohmann::json::parse(stream, nullptr, false);
+    // The file is read again, and its errors reported, by load_attention_config.
+    const nlohmann::json json = read_json_file(file->as<std::string>(), "attention config");
     given = given || (json.is_object() &&
                       (json.contains("sparse_threshold") ||
                        (json.contains("prefill_params") && json["prefill_params"].is_object() &&
