@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "engine/generation.h"
 #include "engine/sampler.h"
+#include "expect_error.h"
 
 namespace entropyinfer {
 namespace {
@@ -111,6 +112,36 @@ TEST(StopStringFilter, HoldsBackPrefixesAndCutsAtTheStop) {
   EXPECT_EQ(released.push(" S", stopped), " ");
   EXPECT_EQ(released.flush(), "S");
   EXPECT_FALSE(stopped);
+}
+
+TEST(Sampler, NonFiniteLogitsAreErrorsNamingTheToken) {
+  for (SamplerMode mode : {SamplerMode::kStandard, SamplerMode::kLlama2c}) {
+    for (float temperature : {0.0f, 1.0f}) {
+      for (float top_p : {1.0f, 0.5f}) {
+        Sampler sampler({.temperature = temperature, .top_p = top_p, .seed = 3, .mode = mode});
+        std::vector<float> with_nan = {0.5f, std::nanf(""), 1.0f};
+        testing::expect_error_naming([&] { sampler.sample(with_nan); },
+                                     {"NaN logit for token id 1"}, "a NaN logit");
+        std::vector<float> with_inf = {0.5f, 1.0f, INFINITY};
+        testing::expect_error_naming([&] { sampler.sample(with_inf); },
+                                     {"+inf logit for token id 2"}, "a +inf logit");
+        std::vector<float> all_minus_inf = {-INFINITY, -INFINITY};
+        testing::expect_error_naming([&] { sampler.sample(all_minus_inf); }, {"every logit"},
+                                     "only -inf logits");
+      }
+    }
+  }
+}
+
+TEST(Sampler, MinusInfinityMarksATokenThatIsNeverChosen) {
+  for (SamplerMode mode : {SamplerMode::kStandard, SamplerMode::kLlama2c}) {
+    Sampler sampler({.temperature = 1.0f, .top_p = 0.95f, .seed = 5, .mode = mode});
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<float> logits = {-INFINITY, 0.0f, 0.1f, -INFINITY};
+      const int32_t id = sampler.sample(logits);
+      EXPECT_TRUE(id == 1 || id == 2) << id;
+    }
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "expect_error.h"
 #include "model/model_weights.h"
 #include "test_support.h"
+#include "tokenizer/llama2c_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace entropyinfer {
@@ -143,6 +145,80 @@ TEST(Stories260K, TruncatedCheckpointIsAnError) {
   std::ofstream(path, std::ios::binary)
       .write(full.data(), static_cast<std::streamsize>(full.size() / 2));
   testing::expect_error_naming([&] { load_model(path); }, {"truncated"}, "a half checkpoint");
+}
+
+// stories260K with one weight replaced: the checkpoint's bytes stay alive beside the views into
+// them.
+struct EditedCheckpoint {
+  std::string bytes;
+  ModelWeights weights;
+};
+
+EditedCheckpoint stories_with_nan_in_embedding_row(int32_t token) {
+  EditedCheckpoint edited;
+  edited.bytes = testing::read_file_bytes(asset_path("stories260K/stories260K.bin"));
+  constexpr size_t kHeaderBytes = 7 * sizeof(int32_t);
+  constexpr size_t kDim = 64;
+  const float nan = std::nanf("");
+  std::memcpy(edited.bytes.data() + kHeaderBytes + token * kDim * sizeof(float), &nan, sizeof nan);
+  edited.weights = parse_llama2c_checkpoint(reinterpret_cast<const uint8_t*>(edited.bytes.data()),
+                                            edited.bytes.size(), "stories260K with a NaN");
+  return edited;
+}
+
+TEST(Stories260K, NanWeightIsAClearErrorWithEverySampler) {
+  // The classifier is tied to the embedding, so a NaN in row 400 makes token 400's logit NaN.
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  const EditedCheckpoint model_with_nan = stories_with_nan_in_embedding_row(400);
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(asset_path("stories260K/tok512.bin"));
+  EncodeOptions encode;
+  encode.add_bos = true;
+  const std::vector<int32_t> prompt = tokenizer->encode("Once upon a time", encode);
+  ASSERT_EQ(std::count(prompt.begin(), prompt.end(), 400), 0);
+  struct Case {
+    const char* name;
+    SamplerOptions sampler;
+  };
+  const Case cases[] = {
+      {"greedy", {}},
+      {"top-p", {.temperature = 1.0f, .top_p = 0.9f, .seed = 7}},
+      {"top-k", {.temperature = 0.8f, .top_k = 40, .seed = 7}},
+      {"llama2.c top-p",
+       {.temperature = 1.0f, .top_p = 0.9f, .seed = 7, .mode = SamplerMode::kLlama2c}},
+      {"llama2.c", {.temperature = 1.0f, .seed = 7, .mode = SamplerMode::kLlama2c}},
+  };
+  for (const Case& each : cases) {
+    Transformer model(model_with_nan.weights);
+    GenerationOptions options;
+    options.max_tokens = 8;
+    options.sampler = each.sampler;
+    testing::expect_error_naming([&] { generate(model, *tokenizer, prompt, options); },
+                                 {"NaN logit for token id 400", "at generated token 1"}, each.name);
+  }
+}
+
+TEST(Stories260K, IdsBeyondTheTokenizersVocabularyAreNeverSampled) {
+  // A tokenizer of 300 tokens for a model of 512: the other 212 rows have no text.
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  const ModelWeights weights = load_model(asset_path("stories260K/stories260K.bin"));
+  const std::unique_ptr<Tokenizer> small_tokenizer = parse_llama2c_tokenizer(
+      testing::read_file_bytes(asset_path("stories260K/tok512.bin")), 300, "tok300");
+  ASSERT_EQ(small_tokenizer->vocab_size(), 300);
+  Transformer model(weights);
+  GenerationOptions options;
+  options.max_tokens = 64;
+  options.sampler = {.temperature = 1.5f, .seed = 11};
+  const std::vector<int32_t> prompt = {1};
+  const GenerationResult result = generate(model, *small_tokenizer, prompt, options);
+  ASSERT_FALSE(result.tokens.empty());
+  for (int32_t id : result.tokens) EXPECT_LT(id, 300);
+  // The unrestricted model does sample ids past 300 with this seed, so the restriction is real.
+  Transformer unrestricted(weights);
+  const std::unique_ptr<Tokenizer> full_tokenizer =
+      load_tokenizer(asset_path("stories260K/tok512.bin"));
+  const GenerationResult full = generate(unrestricted, *full_tokenizer, prompt, options);
+  EXPECT_TRUE(
+      std::any_of(full.tokens.begin(), full.tokens.end(), [](int32_t id) { return id >= 300; }));
 }
 
 }  // namespace

@@ -65,10 +65,19 @@ GenerationResult generate(Transformer& model, const Tokenizer& tokenizer,
   const auto prefill_end = Clock::now();
   result.prefill_seconds = std::chrono::duration<double>(prefill_end - prefill_start).count();
 
+  // A model may have more rows than its tokenizer has tokens (vocabularies padded to a multiple of
+  // 64 or 128); those ids have no text, so they are never sampled.
+  const size_t sampled_ids =
+      std::min(logits.size(), static_cast<size_t>(std::max(tokenizer.vocab_size(), 0)));
   result.stop_reason = "max tokens";
   bool stopped = false;
   for (int step = 0; step < options.max_tokens; ++step) {
-    const int32_t next = sampler.sample(logits);
+    int32_t next = 0;
+    try {
+      next = sampler.sample(std::span<float>(logits.data(), sampled_ids));
+    } catch (const Error& error) {
+      throw Error(std::string(error.what()) + ", at generated token " + std::to_string(step + 1));
+    }
     if (std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), next) !=
         options.stop_token_ids.end()) {
       result.stop_reason = "stop token";

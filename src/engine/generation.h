@@ -1,6 +1,8 @@
 // The generation loop: prefill the prompt, then sample one token at a time until a stop token, a
 // stop string or the token limit, streaming text that never splits a UTF-8 character or shows a
-// partial stop string.
+// partial stop string. Only ids the tokenizer has are sampled: the extra rows of a model whose
+// vocabulary is padded past its tokenizer's can never be chosen. NaN or +inf logits end the run
+// with an Error naming the token id and the step.
 #pragma once
 
 #include <cstdint>

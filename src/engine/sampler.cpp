@@ -28,12 +28,28 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
+void check_logits_usable(std::span<const float> logits) {
+  if (logits.empty()) throw Error("there are no logits to sample from");
+  bool any_finite = false;
+  for (size_t id = 0; id < logits.size(); ++id) {
+    const float logit = logits[id];
+    if (std::isnan(logit) || logit == INFINITY) {
+      throw Error("the model produced a " + std::string(std::isnan(logit) ? "NaN" : "+inf") +
+                  " logit for token id " + std::to_string(id) +
+                  " (corrupt weights, or activations that overflow)");
+    }
+    any_finite = any_finite || logit != -INFINITY;
+  }
+  if (!any_finite) throw Error("the model produced -inf for every logit: no token can be chosen");
+}
+
 Sampler::Sampler(const SamplerOptions& options)
     : options_(options), generator_(options.seed), xorshift_state_(options.seed) {
   validate_sampler_options(options);
 }
 
 int32_t Sampler::sample(std::span<float> logits) {
+  check_logits_usable(logits);
   if (options_.temperature == 0.0f) return argmax(logits);
   return options_.mode == SamplerMode::kLlama2c ? sample_llama2c(logits) : sample_standard(logits);
 }

@@ -26,7 +26,10 @@ void validate_sampler_options(const SamplerOptions& options);
 class Sampler {
  public:
   explicit Sampler(const SamplerOptions& options);
-  // logits may be modified (scaled and normalised in place).
+  // logits may be modified (scaled and normalised in place). Throws Error, naming the token id,
+  // when a logit is NaN or +inf, or when every logit is -inf: no sampler can pick from those
+  // honestly, and the usual cause is a corrupt or overflowing checkpoint. A -inf logit alone is
+  // a token that cannot be chosen.
   int32_t sample(std::span<float> logits);
 
  private:
@@ -41,5 +44,8 @@ class Sampler {
 };
 
 int32_t argmax(std::span<const float> logits);
+
+// The check sample() makes, for callers that pick a token another way (a GPU argmax).
+void check_logits_usable(std::span<const float> logits);
 
 }  // namespace entropyinfer

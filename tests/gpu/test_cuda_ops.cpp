@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 
 #include "backends/cpu/cpu_ops.h"
@@ -476,6 +477,24 @@ TEST(CudaOps, EmbeddingAppendKvAndArgmax) {
   cuda::argmax_rows(ties_gpu.data() + 4990, 1, 700, one.data(), nullptr, &workspace);
   one.download(&tie_winner, 1);
   EXPECT_EQ(tie_winner, 10);
+
+  // Rows no token can honestly be picked from give -1, in one block and split over slices; -inf
+  // entries alone are tokens that are never picked.
+  const float nan = std::nanf("");
+  std::vector<float> unusable(static_cast<size_t>(4) * count, 0.5f);
+  unusable[0 * count + 100000] = nan;
+  unusable[1 * count + 3] = INFINITY;
+  std::fill(unusable.begin() + 2 * count, unusable.begin() + 3 * count, -INFINITY);
+  std::fill(unusable.begin() + 3 * count, unusable.begin() + 4 * count, -INFINITY);
+  unusable[3 * count + 64000] = -3.0f;
+  auto unusable_gpu = upload_floats(unusable);
+  for (cuda::ArgmaxWorkspace* used : {static_cast<cuda::ArgmaxWorkspace*>(nullptr), &workspace}) {
+    cuda::DeviceBuffer<int32_t> flagged(4);
+    cuda::argmax_rows(unusable_gpu.data(), 4, count, flagged.data(), nullptr, used);
+    std::vector<int32_t> found(4);
+    flagged.download(found.data(), found.size());
+    EXPECT_EQ(found, (std::vector<int32_t>{-1, -1, -1, 64000})) << (used ? "split" : "one block");
+  }
 }
 
 }  // namespace

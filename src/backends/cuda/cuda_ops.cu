@@ -340,6 +340,7 @@ __global__ void embedding_kernel(const bf16* table, const int32_t* ids, int64_t 
 struct ArgmaxCandidate {
   float value;
   int64_t index;  // count (past every real index) until a value is seen
+  int unusable;   // bit 0: a NaN or +inf was seen; bit 1: a value above -inf was seen
 };
 
 __device__ __forceinline__ bool beats(float value, int64_t index, const ArgmaxCandidate& best,
@@ -350,15 +351,22 @@ __device__ __forceinline__ bool beats(float value, int64_t index, const ArgmaxCa
 // The block's best over [begin, end) of `row`, in thread 0 (blockDim.x a multiple of 32).
 __device__ ArgmaxCandidate block_argmax(const float* row, int64_t begin, int64_t end,
                                         int64_t count) {
-  ArgmaxCandidate best{-FLT_MAX, count};
+  ArgmaxCandidate best{-FLT_MAX, count, 0};
+  int non_finite = 0, above_minus_infinity = 0;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float value = row[i];
-    if (value > best.value || best.index == count) best = {value, i};
+    non_finite |= isnan(value) || value == INFINITY;
+    above_minus_infinity |= value > -INFINITY;
+    if (value > best.value || best.index == count) best = {value, i, 0};
   }
+  // Every thread reaches these block-wide votes; the result is kept by thread 0 below.
+  const int flags =
+      (__syncthreads_or(non_finite) ? 1 : 0) | (__syncthreads_or(above_minus_infinity) ? 2 : 0);
   for (int offset = 16; offset > 0; offset >>= 1) {
     const float other = __shfl_xor_sync(0xffffffffu, best.value, offset);
     const int64_t other_index = __shfl_xor_sync(0xffffffffu, best.index, offset);
-    if (other_index != count && beats(other, other_index, best, count)) best = {other, other_index};
+    if (other_index != count && beats(other, other_index, best, count))
+      best = {other, other_index, 0};
   }
   __shared__ ArgmaxCandidate warp_best[32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -370,6 +378,7 @@ __device__ ArgmaxCandidate block_argmax(const float* row, int64_t begin, int64_t
         best = warp_best[w];
     }
   }
+  best.unusable = flags;
   return best;
 }
 
@@ -389,8 +398,13 @@ __global__ void argmax_kernel(const float* x, int64_t count, int32_t* out,
   const int64_t begin = min(count, blockIdx.x * slice_length);
   const int64_t end = min(count, begin + slice_length);
   const ArgmaxCandidate best = block_argmax(row, begin, end, count);
+  // -1 for a row no token can honestly be picked from (a NaN or +inf, or nothing above -inf); the
+  // host then finds and names the culprit.
+  auto result_of = [](int64_t index, int flags) {
+    return (flags & 1) != 0 || (flags & 2) == 0 ? -1 : static_cast<int32_t>(index);
+  };
   if (slices == 1) {
-    if (threadIdx.x == 0) out[row_index] = static_cast<int32_t>(best.index);
+    if (threadIdx.x == 0) out[row_index] = result_of(best.index, best.unusable);
     return;
   }
   volatile ArgmaxCandidate* row_partials = partials + static_cast<int64_t>(row_index) * slices;
@@ -398,19 +412,22 @@ __global__ void argmax_kernel(const float* x, int64_t count, int32_t* out,
   if (threadIdx.x == 0) {
     row_partials[blockIdx.x].value = best.value;
     row_partials[blockIdx.x].index = best.index;
+    row_partials[blockIdx.x].unusable = best.unusable;
     __threadfence();  // the partial is visible before the arrival that counts it
     last_block = atomicAdd(&arrivals[row_index], 1u) == static_cast<unsigned>(slices - 1);
   }
   __syncthreads();
   if (!last_block || threadIdx.x != 0) return;
   __threadfence();
-  ArgmaxCandidate result{-FLT_MAX, count};
+  ArgmaxCandidate result{-FLT_MAX, count, 0};
+  int flags = 0;
   for (int slice = 0; slice < slices; ++slice) {
     const float value = row_partials[slice].value;
     const int64_t index = row_partials[slice].index;
-    if (index != count && beats(value, index, result, count)) result = {value, index};
+    flags |= row_partials[slice].unusable;
+    if (index != count && beats(value, index, result, count)) result = {value, index, 0};
   }
-  out[row_index] = static_cast<int32_t>(result.index);
+  out[row_index] = result_of(result.index, flags);
   arrivals[row_index] = 0;
 }
 

@@ -175,8 +175,9 @@ class ArgmaxWorkspace {
   DeviceBuffer<unsigned> arrivals_;
 };
 
-// out[r] = the index of the largest value of row r (the first one on ties), rows of `count`. One
-// block per row; with a workspace holding the rows, up to 64 blocks per row (same result).
+// out[r] = the index of the largest value of row r (the first one on ties), rows of `count`; -1
+// when the row holds a NaN or +inf, or nothing above -inf. One block per row; with a workspace
+// holding the rows, up to 64 blocks per row (same result).
 void argmax_rows(const float* x, int64_t rows, int64_t count, int32_t* out, cudaStream_t stream,
                  ArgmaxWorkspace* workspace = nullptr);
 

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/stopwatch.h"
 #include "engine/rope.h"
+#include "engine/sampler.h"
 
 namespace entropyinfer::cuda {
 namespace {
@@ -1393,6 +1394,14 @@ int32_t CudaTransformer::forward_greedy(std::span<const int32_t> tokens) {
                         state_->stream),
         "token download");
   check(cudaStreamSynchronize(state_->stream), "forward");
+  if (token < 0) {
+    // Rare: fetch the row so that the error names the token, as the CPU sampler's does.
+    std::vector<float> row(static_cast<size_t>(state_->w.vocab));
+    check(cudaMemcpy(row.data(), last, row.size() * sizeof(float), cudaMemcpyDeviceToHost),
+          "logits download");
+    check_logits_usable(row);
+    throw Error("the model produced logits no token can be chosen from");
+  }
   return token;
 }
 
