@@ -95,8 +95,8 @@ TEST(Cli, BenchDeviceAndMethodErrorsAreClear) {
   // Nonsense lengths are refused before any model is built, on either device.
   for (const char* device : {"cpu", "cuda"}) {
     const std::string base = std::string("bench --device ") + device + " --random-model llama-100m";
-    expect_error(run_cli(base + " -p 0"), "at least 1 token, not 0");
-    expect_error(run_cli(base + " -p 64,-5"), "not -5");
+    expect_error(run_cli(base + " -p 0"), "--prompt-tokens: expects a whole number from 1");
+    expect_error(run_cli(base + " -p 64,-5"), "got '-5'");
     expect_error(run_cli(base + " -p 64 --chunk 0"), "--chunk");
   }
 }

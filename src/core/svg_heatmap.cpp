@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/user_file.h"
 
 namespace entropyinfer {
 namespace {
@@ -104,10 +105,7 @@ void write_heatmap_svg(const Heatmap& heatmap, const std::string& path) {
   svg << "<text x=\"" << bar_left << "\" y=\"" << top + plot_height + 30 << "\">"
       << escape_xml(heatmap.value_label) << "</text>\n";
   svg << "</svg>\n";
-  std::ofstream file(path);
-  if (!file) throw Error("cannot write '" + path + "'");
-  file << svg.str();
-  if (!file) throw Error("writing '" + path + "' failed");
+  write_user_file(path, "heatmap", svg.str());
 }
 
 }  // namespace entropyinfer

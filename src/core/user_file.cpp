@@ -22,12 +22,13 @@ std::string quoted(std::string_view what, const std::string& path) {
 }
 
 const char* kind_of(mode_t mode) {
+  if (S_ISREG(mode)) return "a file";
   if (S_ISDIR(mode)) return "a folder";
   if (S_ISCHR(mode)) return "a character device";
   if (S_ISBLK(mode)) return "a block device";
   if (S_ISFIFO(mode)) return "a FIFO";
   if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
+  return "neither a file nor a folder";
 }
 
 class FileDescriptor {

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/svg_heatmap.h"
+#include "core/user_file.h"
 
 namespace entropyinfer::eval {
 namespace {
@@ -202,10 +203,7 @@ std::string render_line_chart(const LineChart& chart) {
 }
 
 void write_text_file(const std::string& path, const std::string& text) {
-  std::ofstream file(path, std::ios::binary);
-  if (!file) throw Error("cannot write '" + path + "'");
-  file << text;
-  if (!file) throw Error("writing '" + path + "' failed");
+  write_user_file(path, "plot", text);
 }
 
 }  // namespace
@@ -483,11 +481,7 @@ std::string accuracy_vs_budget_svg(const EvalReport& report) {
 
 std::vector<std::string> write_eval_plots(const EvalReport& report, const std::string& directory) {
   namespace fs = std::filesystem;
-  std::error_code error;
-  fs::create_directories(directory, error);
-  if (!fs::is_directory(directory)) {
-    throw Error("cannot create the plot folder '" + directory + "'");
-  }
+  prepare_output_folder(directory, "plot folder");
   std::vector<std::string> paths;
   for (int budget : report.budgets) {
     const std::string path =

@@ -1,7 +1,10 @@
 #include "apps/entropyinfer/attention_options.h"
 
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 
+#include "apps/entropyinfer/flag_checks.h"
 #include "core/error.h"
 #include "engine/transformer.h"
 
@@ -82,28 +85,18 @@ AttentionConfig AttentionOptions::resolve() const {
     const auto& [key, option] = options_[i];
     if (option->count() == 0) continue;
     const std::string text = option->as<std::string>();
-    try {
-      switch (kValueFlags[i].kind) {
-        case FlagSpec::kString:
-          json[key] = text;
-          break;
-        case FlagSpec::kInt: {
-          size_t used = 0;
-          const long long value = std::stoll(text, &used);
-          if (used != text.size()) throw std::invalid_argument(text);
-          json[key] = value;
-          break;
-        }
-        case FlagSpec::kDouble: {
-          size_t used = 0;
-          const double value = std::stod(text, &used);
-          if (used != text.size()) throw std::invalid_argument(text);
-          json[key] = value;
-          break;
-        }
-      }
-    } catch (const std::logic_error&) {
-      throw Error(std::string(kValueFlags[i].flag) + " expects a number, got '" + text + "'");
+    // Only the syntax is checked here; each parameter's range is the config's own rule.
+    const char* flag = kValueFlags[i].flag;
+    switch (kValueFlags[i].kind) {
+      case FlagSpec::kString:
+        json[key] = text;
+        break;
+      case FlagSpec::kInt:
+        json[key] = parse_integer_flag(flag, text, INT32_MIN, INT32_MAX);
+        break;
+      case FlagSpec::kDouble:
+        json[key] = parse_number_flag(flag, text, -HUGE_VAL, HUGE_VAL);
+        break;
     }
   }
   for (const auto& [key, option] : flags_) {

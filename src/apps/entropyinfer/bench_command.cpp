@@ -18,8 +18,10 @@
 #include "apps/entropyinfer/bench_cuda.h"
 #include "apps/entropyinfer/cli_common.h"
 #include "apps/entropyinfer/commands.h"
+#include "apps/entropyinfer/flag_checks.h"
 #include "core/error.h"
 #include "core/stopwatch.h"
+#include "core/user_file.h"
 #include "engine/transformer.h"
 #include "model/random_model.h"
 
@@ -132,25 +134,13 @@ void check_common_flags(const BenchArgs& args) {
   if (args.model.empty() == args.random_model.empty()) {
     throw Error("give exactly one of --model or --random-model");
   }
+  // Each flag's own range is checked where the flags are declared (flag_checks.h).
   if (args.prompt_tokens.empty()) throw Error("-p/--prompt-tokens: give at least one length");
-  for (const int length : args.prompt_tokens) {
-    if (length < 1) {
-      throw Error("-p/--prompt-tokens: a prompt needs at least 1 token, not " +
-                  std::to_string(length));
-    }
-  }
-  if (args.decode_tokens < 1 || args.repetitions < 1) {
-    throw Error("--decode-tokens and --repetitions must be >= 1");
-  }
-  if (args.chunk_tokens < 1) {
-    throw Error("--chunk must be >= 1 prompt token per pass, not " +
-                std::to_string(args.chunk_tokens));
-  }
   if (!args.gemm_tuning.empty() && gemm_tuning_index(args.gemm_tuning) < 0) {
     throw Error("--gemm-tuning must be heuristic, burst or sustained, not '" + args.gemm_tuning +
                 "'");
   }
-  if (args.profile_decode_step < -1 || args.profile_decode_step >= args.decode_tokens) {
+  if (args.profile_decode_step >= args.decode_tokens) {
     throw Error("--profile-decode-step must name one of the " + std::to_string(args.decode_tokens) +
                 " decode steps (0.." + std::to_string(args.decode_tokens - 1) + "), not " +
                 std::to_string(args.profile_decode_step));
@@ -158,6 +148,8 @@ void check_common_flags(const BenchArgs& args) {
 }
 
 void run_bench(const BenchArgs& args) {
+  if (!args.json_path.empty()) check_output_file(args.json_path, "--json file");
+  if (!args.markdown_path.empty()) check_output_file(args.markdown_path, "--markdown file");
   check_common_flags(args);
   if (args.device == "cuda") {
     run_bench_on_cuda(args);
@@ -261,7 +253,7 @@ void run_bench(const BenchArgs& args) {
                                {"weight_bytes_per_token", weight_bytes},
                                {"results", results},
                                {"markdown", table.str()}};
-    std::ofstream(args.json_path) << document.dump(2) << "\n";
+    write_user_file(args.json_path, "--json file", document.dump(2) + "\n");
   }
 }
 
@@ -274,11 +266,14 @@ void register_bench(CLI::App& app) {
   command->add_option("--random-model", args->random_model,
                       "A random-weight model of a named shape instead (llama-100m)");
   command->add_option("-p,--prompt-tokens", args->prompt_tokens, "Prompt lengths to measure")
+      ->check(integer_in(1, kMaxTokenCount))
       ->delimiter(',');
   command->add_option("-n,--decode-tokens", args->decode_tokens, "Tokens decoded per measurement")
+      ->check(integer_in(1, kMaxTokenCount))
       ->capture_default_str();
   command
       ->add_option("-r,--repetitions", args->repetitions, "Timed repetitions (median is reported)")
+      ->check(integer_in(1, 1000000))
       ->capture_default_str();
   command->add_option("--json", args->json_path, "Also write the results as JSON to this file");
   command->add_option("--device", args->device, "cpu or cuda")->capture_default_str();
@@ -293,15 +288,18 @@ void register_bench(CLI::App& app) {
                     "cuda: after the timed runs, one more prefill per row with its GPU time broken "
                     "down by part (products, pointwise kernels, estimate, attention...)");
   command->add_option("--chunk", args->chunk_tokens, "cuda: prompt tokens per matrix-product pass")
+      ->check(integer_in(1, kMaxTokenCount))
       ->capture_default_str();
   command->add_option(
       "--gemm-tuning", args->gemm_tuning,
       "cuda: how whole-chunk products pick their cuBLASLt algorithm: heuristic, "
       "burst (fastest of eight in a short burst; the default) or sustained (fastest "
       "of eight at the power cap)");
-  command->add_option("--profile-decode-step", args->profile_decode_step,
-                      "cuda: bracket decode step N of each row's first repetition with "
-                      "cudaProfilerStart/Stop (for a profiler run with --profile-from-start off)");
+  command
+      ->add_option("--profile-decode-step", args->profile_decode_step,
+                   "cuda: bracket decode step N of each row's first repetition with "
+                   "cudaProfilerStart/Stop (for a profiler run with --profile-from-start off)")
+      ->check(integer_in(0, kMaxTokenCount));
   command->add_flag("--profile-prefill", args->profile_prefill,
                     "cuda: bracket each row's first timed prefill with cudaProfilerStart/Stop");
   args->attention.add_to(command);

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/stopwatch.h"
+#include "core/user_file.h"
 
 #ifdef ENTROPYINFER_WITH_CUDA
 #include <cuda_profiler_api.h>
@@ -281,13 +282,10 @@ void run_cuda_bench(const CudaBenchArgs& args) {
                                      {"gemm_tuning", args.gemm_tuning},
                                      {"results", results},
                                      {"markdown", table.str()}};
-    std::ofstream file(args.json_path);
-    if (!file) throw Error("cannot write " + args.json_path);
-    file << document.dump(2) << "\n";
+    write_user_file(args.json_path, "--json file", document.dump(2) + "\n");
   }
   if (!args.markdown_path.empty()) {
-    std::ofstream file(args.markdown_path);
-    if (!file) throw Error("cannot write " + args.markdown_path);
+    std::ostringstream file;
     file << "# entropyinfer bench, " << date << ", " << cuda::device_name() << "\n\n"
          << "`" << args.command_line << "`\n\n"
          << model_name << "; GPU copy bandwidth " << static_cast<int>(bandwidth / 1e9)
@@ -295,6 +293,7 @@ void run_cuda_bench(const CudaBenchArgs& args) {
             "the prefill. Floors: weight bytes plus the cache read per step, over the copy "
             "bandwidth.\n\n"
          << table.str();
+    write_user_file(args.markdown_path, "--markdown file", file.str());
   }
 }
 

@@ -14,7 +14,9 @@
 #include "apps/entropyinfer/attention_options.h"
 #include "apps/entropyinfer/cli_common.h"
 #include "apps/entropyinfer/commands.h"
+#include "apps/entropyinfer/flag_checks.h"
 #include "core/error.h"
+#include "core/user_file.h"
 #include "engine/sampler.h"
 #include "engine/transformer.h"
 #include "model/random_model.h"
@@ -31,6 +33,7 @@ struct BenchWorkArgs {
 };
 
 void run_bench_work(const BenchWorkArgs& args) {
+  if (!args.json_path.empty()) check_output_file(args.json_path, "--json file");
   const AttentionConfig base = args.attention.resolve();
   ModelWeights weights = args.model.empty()
                              ? make_random_model(random_model_config(args.random_model), 99)
@@ -128,16 +131,14 @@ void run_bench_work(const BenchWorkArgs& args) {
     const std::time_t now = std::time(nullptr);
     char date[32];
     std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    std::ofstream(args.json_path) << nlohmann::json{{"date", date},
-                                                    {"model", model_name},
-                                                    {"prompt_tokens", args.tokens},
-                                                    {"decode_steps", decode_steps},
-                                                    {"attention_parameters",
-                                                     attention_config_to_json(base)},
-                                                    {"results", results},
-                                                    {"markdown", table.str()}}
-                                         .dump(2)
-                                  << "\n";
+    const nlohmann::json document = {{"date", date},
+                                     {"model", model_name},
+                                     {"prompt_tokens", args.tokens},
+                                     {"decode_steps", decode_steps},
+                                     {"attention_parameters", attention_config_to_json(base)},
+                                     {"results", results},
+                                     {"markdown", table.str()}};
+    write_user_file(args.json_path, "--json file", document.dump(2) + "\n");
   }
 }
 
@@ -151,7 +152,9 @@ void register_bench_work(CLI::App& app) {
                       "Model folder or checkpoint (default: a random model)");
   command->add_option("--random-model", args->random_model, "Random-weight shape")
       ->capture_default_str();
-  command->add_option("--tokens", args->tokens, "Prompt length")->capture_default_str();
+  command->add_option("--tokens", args->tokens, "Prompt length")
+      ->check(integer_in(1, kMaxTokenCount))
+      ->capture_default_str();
   command->add_option("--json", args->json_path, "Also write JSON here");
   args->attention.add_to(command);
   command->callback([args] { run_bench_work(*args); });

@@ -40,12 +40,19 @@ std::unique_ptr<Tokenizer> find_tokenizer(const std::string& model_path,
                                           const std::string& tokenizer_path) {
   namespace fs = std::filesystem;
   if (!tokenizer_path.empty()) return load_tokenizer(tokenizer_path);
-  if (fs::is_directory(model_path)) return load_tokenizer(model_path);
+  std::error_code error;
+  if (fs::is_directory(model_path, error)) return load_tokenizer(model_path);
+  if (!fs::exists(model_path, error)) {
+    throw Error("model '" + model_path +
+                "' does not exist, so no tokenizer can be found beside it");
+  }
   const fs::path folder = fs::path(model_path).parent_path();
   for (const char* name : {"tokenizer.bin"}) {
-    if (fs::exists(folder / name)) return load_tokenizer((folder / name).string());
+    if (fs::exists(folder / name, error)) return load_tokenizer((folder / name).string());
   }
-  for (const auto& entry : fs::directory_iterator(folder.empty() ? fs::path(".") : folder)) {
+  // The non-throwing iterator: a folder that cannot be listed is the same as one without a match.
+  fs::directory_iterator entries(folder.empty() ? fs::path(".") : folder, error);
+  for (const auto& entry : error ? fs::directory_iterator() : entries) {
     const std::string name = entry.path().filename().string();
     if (name.rfind("tok", 0) == 0 && entry.path().extension() == ".bin" &&
         entry.path() != fs::path(model_path)) {

@@ -18,10 +18,12 @@
 #include "apps/entropyinfer/attention_options.h"
 #include "apps/entropyinfer/cli_common.h"
 #include "apps/entropyinfer/commands.h"
+#include "apps/entropyinfer/flag_checks.h"
 #include "apps/entropyinfer/greedy_model.h"
 #include "attention/entropy_prefill.h"
 #include "core/error.h"
 #include "core/stopwatch.h"
+#include "core/user_file.h"
 #include "engine/transformer.h"
 #include "eval/eval_report.h"
 #include "eval/ruler_tasks.h"
@@ -335,10 +337,12 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
   const auto eval_start = Clock::now();
   // Everything the flags can get wrong is checked before the model loads.
   args.run.check();
+  if (!args.markdown_path.empty()) check_output_file(args.markdown_path, "--markdown file");
+  if (!args.json_path.empty()) check_output_file(args.json_path, "--json file");
+  if (!args.plots_dir.empty()) prepare_output_folder(args.plots_dir, "--plots folder");
   const std::vector<eval::RulerTask> tasks = parse_tasks(args.tasks);
   const std::vector<int> lengths = parse_token_counts("--lengths", args.lengths);
   const std::vector<int> budgets = parse_token_counts("--budgets", args.budgets);
-  if (args.samples < 1) throw Error("--samples must be >= 1");
   const eval::RulerWordSet words = eval::parse_ruler_word_set(args.words);
   reject_flags(command, {"--base-budget", "--critiprefill-budget", "--decode-budget"},
                "eval gives every method the same budget; set the levels with --budgets");
@@ -495,18 +499,13 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
   const std::string markdown = eval::eval_report_markdown(report);
   std::printf("%s", markdown.c_str());
   std::fflush(stdout);
-  if (!args.markdown_path.empty()) {
-    std::ofstream file(args.markdown_path);
-    if (!file) throw Error("cannot write '" + args.markdown_path + "'");
-    file << markdown;
-  }
+  if (!args.markdown_path.empty()) write_user_file(args.markdown_path, "--markdown file", markdown);
   if (!args.json_path.empty()) {
-    std::ofstream file(args.json_path);
-    if (!file) throw Error("cannot write '" + args.json_path + "'");
     // A model can generate bytes that are not UTF-8 (a token that ends mid-character).
-    file << eval::eval_report_to_json(report).dump(2, ' ', false,
-                                                   nlohmann::json::error_handler_t::replace)
-         << "\n";
+    write_user_file(args.json_path, "--json file",
+                    eval::eval_report_to_json(report).dump(
+                        2, ' ', false, nlohmann::json::error_handler_t::replace) +
+                        "\n");
   }
   if (!args.plots_dir.empty()) {
     for (const std::string& path : eval::write_eval_plots(report, args.plots_dir)) {
@@ -536,11 +535,14 @@ void register_eval(CLI::App& app) {
       ->delimiter(',')
       ->capture_default_str();
   command->add_option("--lengths", args->lengths, "Prompt lengths in tokens (4096 or 4k)")
+      ->check(token_count())
       ->delimiter(',')
       ->capture_default_str();
   command->add_option("--samples", args->samples, "Samples per task and length")
+      ->check(integer_in(1, 1000000))
       ->capture_default_str();
   command->add_option("--seed", args->seed, "Base seed of the samples (TASKS.md section 2)")
+      ->check(seed_value())
       ->capture_default_str();
   command
       ->add_option("--methods", args->methods,
@@ -553,6 +555,7 @@ void register_eval(CLI::App& app) {
                    "Budget levels, tokens per KV head, applied to every method at once: prefill "
                    "base_budget and critiprefill_budget, decode budget K (and sparse_threshold "
                    "unless --sparse-threshold is given)")
+      ->check(token_count())
       ->delimiter(',')
       ->capture_default_str();
   command

@@ -1,11 +1,14 @@
 // `entropyinfer generate`: load a model, tokenize the prompt (optionally as a chat), stream the
 // continuation, and end with a timing summary.
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
 #include "apps/entropyinfer/attention_options.h"
 #include "apps/entropyinfer/cli_common.h"
 #include "apps/entropyinfer/commands.h"
+#include "apps/entropyinfer/flag_checks.h"
 #include "core/error.h"
 #include "engine/generation.h"
 #include "engine/transformer.h"
@@ -137,15 +140,23 @@ void register_generate(CLI::App& app) {
   command->add_option("-p,--prompt", args->prompt, "Prompt text");
   command->add_option("-f,--prompt-file", args->prompt_file, "Read the prompt from a file");
   command->add_option("-n,--max-tokens", args->max_tokens, "Most tokens to generate")
+      ->check(integer_in(0, kMaxTokenCount))
       ->capture_default_str();
-  command->add_option("-c,--context", args->context,
-                      "Context length in tokens (default: the model's maximum)");
+  command
+      ->add_option("-c,--context", args->context,
+                   "Context length in tokens (default: the model's maximum)")
+      ->check(integer_in(0, kMaxTokenCount));
   command->add_option("-t,--temperature", args->temperature, "Sampling temperature; 0 is greedy")
+      ->check(number_in(0.0, HUGE_VAL))
       ->capture_default_str();
-  command->add_option("--top-k", args->top_k, "Sample among the k most likely tokens (0: all)");
+  command->add_option("--top-k", args->top_k, "Sample among the k most likely tokens (0: all)")
+      ->check(integer_in(0, INT32_MAX));
   command->add_option("--top-p", args->top_p, "Nucleus sampling mass (1: off)")
+      ->check(number_in(0.0, 1.0))
       ->capture_default_str();
-  command->add_option("-s,--seed", args->seed, "Random seed")->capture_default_str();
+  command->add_option("-s,--seed", args->seed, "Random seed")
+      ->check(seed_value())
+      ->capture_default_str();
   command
       ->add_option("--sampler", args->sampler,
                    "standard, or llama2c to reproduce llama2.c's run.c sampling exactly")

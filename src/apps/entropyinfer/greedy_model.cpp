@@ -91,8 +91,10 @@ void CpuGreedyModel::set_progress(Transformer::ProgressCallback callback) {
 
 void DeviceFlags::add_to(CLI::App* command) {
   command->add_option("--device", device, "cpu or cuda (CUDA builds)")->capture_default_str();
-  command->add_option("--threads", threads, "CPU threads (default: OpenMP's)");
+  command->add_option("--threads", threads, "CPU threads (default: OpenMP's)")
+      ->check(integer_in(1, kMaxThreads));
   command->add_option("--chunk", chunk_tokens, "cuda: prompt tokens per matrix-product pass")
+      ->check(integer_in(1, kMaxTokenCount))
       ->capture_default_str();
 }
 
@@ -106,7 +108,6 @@ void DeviceFlags::check() const {
         "--device cuda: this build has no CUDA backend (configure with -DENTROPYINFER_CUDA=ON)");
   }
 #endif
-  if (chunk_tokens < 1) throw Error("--chunk must be >= 1");
 }
 
 void DeviceFlags::apply_threads() const {
@@ -146,26 +147,6 @@ std::vector<int32_t> stop_token_ids(const ModelConfig& config, const Tokenizer& 
   std::vector<int32_t> ids(config.eos_token_ids.begin(), config.eos_token_ids.end());
   for (int32_t id : tokenizer.eos_ids()) ids.push_back(id);
   return ids;
-}
-
-int parse_token_count(const std::string& flag, const std::string& text) {
-  std::string digits = text;
-  int scale = 1;
-  if (!digits.empty() && (digits.back() == 'k' || digits.back() == 'K')) {
-    digits.pop_back();
-    scale = 1024;
-  }
-  size_t used = 0;
-  long long value = 0;
-  try {
-    value = std::stoll(digits, &used);
-  } catch (const std::logic_error&) {
-    used = 0;
-  }
-  if (digits.empty() || used != digits.size() || value < 1 || value * scale > (1 << 30)) {
-    throw Error(flag + ": '" + text + "' is not a positive number of tokens (e.g. 4096 or 4k)");
-  }
-  return static_cast<int>(value * scale);
 }
 
 std::vector<AttentionConfig> parse_methods_flag(const std::vector<std::string>& methods,

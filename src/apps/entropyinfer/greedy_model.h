@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/entropyinfer/flag_checks.h"
 #include "attention/attention_config.h"
 #include "engine/transformer.h"
 #include "model/model_weights.h"
@@ -59,6 +60,8 @@ class CpuGreedyModel : public GreedyModel {
 
 // --device, --threads and --chunk, which eval and needle take alike.
 struct DeviceFlags {
+  // Far above any CPU this runs on; OpenMP crashes creating 100,000 threads.
+  static constexpr int kMaxThreads = 1024;
   std::string device = "cpu";
   int threads = 0;          // CPU threads; 0 leaves OpenMP's default
   int chunk_tokens = 8192;  // cuda: prompt tokens per matrix-product pass
@@ -83,7 +86,6 @@ std::unique_ptr<GreedyModel> make_greedy_model(const DeviceFlags& flags, ModelWe
 std::vector<int32_t> stop_token_ids(const ModelConfig& config, const Tokenizer& tokenizer);
 
 // "4096" or "4k" -> 4096; anything else is an Error naming the flag.
-int parse_token_count(const std::string& flag, const std::string& text);
 
 // --methods: "prefill[+decode]" each (e.g. full, entropy+latent), none twice, each on `base`;
 // Error naming the bad entry.

@@ -15,6 +15,7 @@
 #include "apps/entropyinfer/commands.h"
 #include "core/error.h"
 #include "core/svg_heatmap.h"
+#include "core/user_file.h"
 #include "engine/transformer.h"
 
 namespace entropyinfer::cli {
@@ -37,6 +38,9 @@ void run_inspect(const InspectArgs& args) {
         "inspect shows a sparse prefill's decisions: pass --prefill entropy or critiprefill");
   }
   const std::string text = read_prompt(args.prompt, args.prompt_file);
+  // Before the prefill, which can take minutes: an output path that cannot be written is refused
+  // now.
+  prepare_output_folder(args.out_dir, "output folder");
   ModelWeights weights = load_model_with_progress(args.model);
   std::unique_ptr<Tokenizer> tokenizer = find_tokenizer(args.model, args.tokenizer);
   EncodeOptions encode;
@@ -55,7 +59,6 @@ void run_inspect(const InspectArgs& args) {
   const std::vector<LayerPrefillPlan>& plans = model.recorded_plans();
   const ModelConfig& config = weights.config;
 
-  std::filesystem::create_directories(args.out_dir);
   nlohmann::json layers = nlohmann::json::array();
   int segments = 0;
   for (const LayerPrefillPlan& plan : plans) segments = std::max(segments, plan.num_segments);
@@ -145,7 +148,7 @@ void run_inspect(const InspectArgs& args) {
            : 1.0},
       {"layers", layers}};
   const std::filesystem::path out(args.out_dir);
-  std::ofstream(out / "plans.json") << document.dump(1) << "\n";
+  write_user_file((out / "plans.json").string(), "plans", document.dump(1) + "\n");
   write_heatmap_svg(entropy_map, (out / "entropy.svg").string());
   write_heatmap_svg(budget_map, (out / "budget.svg").string());
   std::printf("%zu prompt tokens, %d layers x %d KV heads, %d segments of %d tokens\n",

@@ -17,10 +17,12 @@
 #include "apps/entropyinfer/attention_options.h"
 #include "apps/entropyinfer/cli_common.h"
 #include "apps/entropyinfer/commands.h"
+#include "apps/entropyinfer/flag_checks.h"
 #include "apps/entropyinfer/greedy_model.h"
 #include "attention/entropy_prefill.h"
 #include "core/error.h"
 #include "core/stopwatch.h"
+#include "core/user_file.h"
 #include "eval/ruler_tasks.h"
 #include "model/model_config.h"
 
@@ -217,10 +219,10 @@ class PrefillStatus {
 };
 
 void run_needle(const NeedleArgs& args, CLI::App* command) {
+  if (!args.json_path.empty()) check_output_file(args.json_path, "--json file");
   // Everything the flags can get wrong is checked before the model loads.
   args.run.check();
   const int length = parse_token_count("--length", args.length);
-  if (args.index < 0) throw Error("--index must be >= 0");
   reject_flags(command, {"--prefill", "--decode"},
                "needle runs the methods named by --methods (prefill[+decode])");
   const bool budget_given = command->get_option("--budget")->count() > 0;
@@ -397,10 +399,9 @@ void run_needle(const NeedleArgs& args, CLI::App* command) {
       entry["cache_kept_fraction"] = result.final_work.cache_kept;
       json["methods"].push_back(std::move(entry));
     }
-    std::ofstream file(args.json_path);
-    if (!file) throw Error("cannot write '" + args.json_path + "'");
     // A model can generate bytes that are not UTF-8 (a token that ends mid-character).
-    file << json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    write_user_file(args.json_path, "--json file",
+                    json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
 }
 
@@ -416,21 +417,28 @@ void register_needle(CLI::App& app) {
                       std::string("Hugging Face model folder with task_words.json (default: ") +
                           kDefaultModel + " above the current directory or the executable)");
   command->add_option("--length", args->length, "Prompt length in tokens (16384 or 16k)")
+      ->check(token_count())
       ->capture_default_str();
   command->add_option("--index", args->index, "Which niah_single sample (TASKS.md section 2)")
+      ->check(integer_in(0, 1000000))
       ->capture_default_str();
-  command->add_option("--seed", args->seed, "Base seed of the sample")->capture_default_str();
+  command->add_option("--seed", args->seed, "Base seed of the sample")
+      ->check(seed_value())
+      ->capture_default_str();
   command
       ->add_option("--methods", args->methods,
                    "Attention methods, prefill[+decode] each (prefill: full, entropy, "
                    "critiprefill; decode: full, latent, snapkv, adakv, streaming, pyramidkv)")
       ->delimiter(',')
       ->capture_default_str();
-  command->add_option(
-      "--budget", args->budget,
-      "Tokens per KV head for every method, as eval applies a budget level: prefill base_budget "
-      "and critiprefill_budget, decode budget K, and sparse_threshold unless --sparse-threshold "
-      "is given (default: the released parameters)");
+  command
+      ->add_option("--budget", args->budget,
+                   "Tokens per KV head for every method, as eval applies a budget level: prefill "
+                   "base_budget "
+                   "and critiprefill_budget, decode budget K, and sparse_threshold unless "
+                   "--sparse-threshold "
+                   "is given (default: the released parameters)")
+      ->check(token_count());
   command->add_option("--text-dir", args->text_dir,
                       "Folder with janeausten/persuasion.txt, the haystack (default: "
                       "shared/assets/text found above the current directory or the executable; "
