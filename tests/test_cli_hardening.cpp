@@ -146,5 +146,45 @@ TEST(CliHardening, UnknownTokenizerDecoderIsAnError) {
                "unsupported decoder type \"Replace\"");
 }
 
+TEST(CliHardening, CheckpointsTheFormatForbidsAreRefused) {
+  TempFolder folder("cli-checkpoints");
+  testing::TinyModelSpec spec;
+  spec.num_shards = 2;
+  testing::write_tiny_model(folder.path(), spec);
+  // A number beyond a double in the index.
+  std::string index = testing::read_file_bytes(folder.file("model.safetensors.index.json"));
+  const size_t brace = index.find('{');
+  index.insert(brace + 1, "\"total\": 1e400, ");
+  write_file_bytes(folder.file("model.safetensors.index.json"), index);
+  expect_error(run_cli("generate -m " + folder.path() + " -p hi"), "not valid JSON");
+
+  // A shard with two bytes after its last tensor.
+  TempFolder single("cli-checkpoint-tail");
+  testing::write_tiny_model(single.path(), testing::TinyModelSpec{});
+  std::string bytes = testing::read_file_bytes(single.file("model.safetensors"));
+  write_file_bytes(single.file("model.safetensors"), bytes + "PP");
+  expect_error(run_cli("generate -m " + single.path() + " -p hi"), "belong to no tensor");
+}
+
+TEST(CliHardening, ModelLargerThanItsTokenizerSamplesOnlyKnownIds) {
+  // The first 300 tokens of stories260K's 512-token vocabulary, as a tokenizer.bin of its own: the
+  // model's other 212 rows have no text and must never be sampled (they would stop decoding).
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  TempFolder folder("cli-vocab");
+  const std::string full = testing::read_file_bytes(stories_tokenizer());
+  size_t end = 4;
+  for (int token = 0; token < 300; ++token) {
+    int32_t length = 0;
+    std::memcpy(&length, full.data() + end + 4, sizeof length);
+    end += 8 + static_cast<size_t>(length);
+  }
+  write_file_bytes(folder.file("tok300.bin"), full.substr(0, end));
+  const CommandResult result =
+      run_cli("generate -m " + stories_model() + " --tokenizer " + folder.file("tok300.bin") +
+              " -p 'Once upon a time' -n 64 -t 1.5 -s 11 -q");
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_FALSE(result.out.empty());
+}
+
 }  // namespace
 }  // namespace entropyinfer

@@ -11,7 +11,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
+#include <memory>
 
 #include "backends/cuda/cuda_transformer.h"
 #include "engine/transformer.h"
@@ -97,6 +99,28 @@ TEST(CudaTransformer, GreedyTokenIsTheLargestLogitAndErrorsAreClear) {
   huge_options.context_length = 1 << 30;
   testing::expect_error_naming([&] { cuda::CudaTransformer too_big(huge, 1, huge_options); },
                                {"free"}, "a 2^30-token cache");
+}
+
+TEST(CudaTransformer, NanLogitIsAnErrorNamingTheToken) {
+  // The greedy argmax runs on the GPU; a NaN in the classifier's row 9 must not become a token.
+  ENTROPYINFER_REQUIRE_GPU();
+  const ModelConfig config = small_config(0);
+  ModelWeights weights = gpu_exact_model(config, 5);
+  const int64_t rows = weights.lm_head.shape[0], width = weights.lm_head.shape[1];
+  auto head = std::make_unique<float[]>(static_cast<size_t>(rows * width));
+  std::copy(weights.lm_head.data, weights.lm_head.data + rows * width, head.get());
+  head[9 * width + 3] = std::nanf("");
+  weights.lm_head.data = head.get();
+  weights.owned_buffers.push_back(std::move(head));
+  weights.config.tied_embeddings = false;
+  cuda::CudaModelOptions options;
+  options.context_length = 64;
+  cuda::CudaTransformer model(weights, options);
+  testing::expect_error_naming(
+      [&] {
+        model.forward_greedy(std::vector<int32_t>{1, 2, 3});
+      },
+      {"NaN logit for token id 9"}, "a NaN logit on the GPU");
 }
 
 }  // namespace
