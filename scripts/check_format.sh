@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mapfile -t files < <(git ls-files 'src/*.cpp' 'src/*.h' 'src/*.cu' 'src/*.cuh' 'tests/*.cpp' 'tests/*.h' \
-  'bench/*.cpp' 'bench/*.cu' | grep -v 'unicode_tables.cpp')
+  'bench/*.cpp' 'bench/*.cu' 'fuzz/*.cpp' 'fuzz/*.h' | grep -v 'unicode_tables.cpp')
 clang-format --dry-run -Werror "${files[@]}"
 echo "format check: ${#files[@]} files clean"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test from a fresh clone: installs what is missing, fetches the reference tokenizer files,
 # builds (Release), runs the suite, then builds again with AddressSanitizer + UndefinedBehaviorSanitizer
-# and runs the CPU tests under it.
+# and runs the CPU tests under it, then fuzzes every parser of untrusted input for a bounded time
+# (ENTROPYINFER_FUZZ_SECONDS per target, default 45).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
@@ -17,6 +18,7 @@ cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DENTROP
 ninja -C build-sanitize -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ENTROPYINFER_SANITIZER_RUN=1 ctest --test-dir build-sanitize --output-on-failure -j"$jobs"
+ENTROPYINFER_FUZZ_JOBS="$jobs" scripts/fuzz.sh "${ENTROPYINFER_FUZZ_SECONDS:-45}"
 # The CUDA backend must at least compile where nvcc exists; its tests skip cleanly without a GPU.
 nvcc_path=$(command -v nvcc || true)
 [[ -z $nvcc_path && -x /usr/local/cuda/bin/nvcc ]] && nvcc_path=/usr/local/cuda/bin/nvcc
@@ -28,4 +30,4 @@ if [[ -n $nvcc_path ]]; then
 else
   echo "nvcc not found: the CUDA backend was not compiled"
 fi
-echo "all tests passed (Release, ASan/UBSan, CUDA compile)"
+echo "all tests passed (Release, ASan/UBSan, fuzzing, CUDA compile)"

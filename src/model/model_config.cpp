@@ -346,17 +346,17 @@ RopeConfig parse_rope(const json& config, const FamilyTraits& traits, int head_d
 // use_sliding_window is set (or as an explicit layer_types list). One window for every layer, or
 // none, is what this engine represents; a mix is rejected.
 std::optional<int> qwen_sliding_window(const json& config, int num_layers) {
-  std::vector<bool> sliding(num_layers, false);
+  // Counted, not listed per layer: num_hidden_layers is the file's word, up to INT32_MAX.
+  int sliding_layers = 0;
   if (present(config, "layer_types")) {
     const json& types = config.at("layer_types");
     if (!types.is_array() || static_cast<int>(types.size()) != num_layers) {
       throw Error("config field 'layer_types' must list one type per layer (" +
                   std::to_string(num_layers) + "), got " + describe(types));
     }
-    for (int i = 0; i < num_layers; ++i) {
-      const json& type = types[i];
+    for (const json& type : types) {
       if (type == "sliding_attention") {
-        sliding[i] = true;
+        ++sliding_layers;
       } else if (type != "full_attention") {
         throw Error("config field 'layer_types' has unsupported layer type " + describe(type));
       }
@@ -367,9 +367,8 @@ std::optional<int> qwen_sliding_window(const json& config, int num_layers) {
     const int first = present(config, "max_window_layers")
                           ? as_int(config.at("max_window_layers"), "max_window_layers")
                           : kQwenDefaultMaxWindowLayers;
-    for (int i = std::max(first, 0); i < num_layers; ++i) sliding[i] = true;
+    sliding_layers = num_layers - std::clamp(first, 0, num_layers);
   }
-  const auto sliding_layers = std::count(sliding.begin(), sliding.end(), true);
   if (sliding_layers == 0) return std::nullopt;
   if (sliding_layers != num_layers) {
     throw Error("config.json asks for sliding-window attention on " +

@@ -670,10 +670,18 @@ std::unique_ptr<Tokenizer> parse_tiktoken_tokenizer(std::string_view text, const
   if (options.pretokenizer) definition.pretokenizer = *options.pretokenizer;
 
   // tiktoken merges any adjacent pair whose concatenation is a token, lowest rank first: every
-  // split of every token into two tokens is a merge whose priority is the token's rank.
+  // split of every token into two tokens is a merge whose priority is the token's rank. A half can
+  // only be a token if some token has its length; checking that before hashing the half keeps one
+  // very long token from costing time quadratic in its length.
+  std::vector<bool> is_token_length;
+  for (const std::string& token : definition.token_bytes) {
+    if (token.size() >= is_token_length.size()) is_token_length.resize(token.size() + 1);
+    is_token_length[token.size()] = true;
+  }
   for (int32_t id = 0; id < rank_count; ++id) {
     const std::string_view token = definition.token_bytes[static_cast<std::size_t>(id)];
     for (std::size_t split = 1; split < token.size(); ++split) {
+      if (!is_token_length[split] || !is_token_length[token.size() - split]) continue;
       const auto left = rank_of.find(token.substr(0, split));
       if (left == rank_of.end()) continue;
       const auto right = rank_of.find(token.substr(split));

@@ -1,5 +1,6 @@
 #include "tokenizer/llama2c_tokenizer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -70,7 +71,9 @@ std::unique_ptr<Tokenizer> parse_llama2c_tokenizer(std::string_view bytes, int v
   }
 
   std::vector<Llama2cTokenizer::Entry> vocab;
-  if (vocab_size > 0) vocab.reserve(static_cast<size_t>(vocab_size));
+  // Each token takes at least 8 bytes, so a vocabulary size the bytes cannot hold (a corrupt
+  // checkpoint header) reserves no more than the file's worth and then fails as truncated.
+  if (vocab_size > 0) vocab.reserve(std::min(static_cast<size_t>(vocab_size), bytes.size() / 8));
   size_t offset = 4;
   while (vocab_size < 0 ? offset < bytes.size() : vocab.size() < static_cast<size_t>(vocab_size)) {
     const std::string where =
