@@ -1,6 +1,6 @@
 // The decode-time cache selections (EntropyInfer's latent compression, SnapKV, AdaKV, StreamingLLM,
 // PyramidKV) and the compressed decode attention kernel, each against a naive reference written
-// here from the method spec (sections 2 and 4), on random inputs without ties.
+// here from the method (docs/method.md sections 3 and 4), on random inputs without ties.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,8 +1,8 @@
 // EntropyInfer's prefill estimate and CritiPrefill against a naive reference written here from the
-// formulas of the method spec (section 1): block/segment extrema, criticality scores, softmax and
-// entropy, rigid/dynamic classification, the budget recursion and the chosen blocks. Plus
-// invariants that must hold for any input: causality of the selection, full coverage when budgets
-// exceed the context, and per-head budgets that really differ.
+// formulas of the method (docs/method.md section 2): block/segment extrema, criticality scores,
+// softmax and entropy, rigid/dynamic classification, the budget recursion and the chosen blocks.
+// Plus invariants that must hold for any input: causality of the selection, full coverage when
+// budgets exceed the context, and per-head budgets that really differ.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,6 +1,6 @@
-// Which attention policies run and with what parameters. Defaults are the released ones (spec
-// section 3). Every field can be set from a JSON config file and from command-line flags;
-// validate() rejects contradictory or impossible settings with one clear Error.
+// Which attention policies run and with what parameters. Defaults are the released ones
+// (docs/method.md section 5). Every field can be set from a JSON config file and from command-line
+// flags; validate() rejects contradictory or impossible settings with one clear Error.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>

@@ -1,4 +1,4 @@
-// EntropyInfer's prefill estimate (spec section 1), split into the steps the spec names so that
+// EntropyInfer's prefill estimate (docs/method.md section 2), split into the steps it names so that
 // each can be tested on its own against the formula. CritiPrefill shares every step except the
 // budget.
 //
@@ -68,9 +68,9 @@ double block_entropy(const float* scores, int64_t count);
 // way.
 bool is_rigid_head(const double* entropy, int64_t num_segments, double threshold);
 
-// Token budgets B[s] of one KV head over its segments (spec section 1.5). Rigid: base everywhere.
-// Dynamic: B[0] = base; r[1] = delta; r[s] = (H[s] - H[s-1]) / (H[s-1] + 1e-9) for s >= 2; r
-// clamped to [0, 1 + delta]; B[s] = clamp(B[s-1] + alpha * base * (r[s] - delta), base, cap *
+// Token budgets B[s] of one KV head over its segments (docs/method.md section 2.6). Rigid: base
+// everywhere. Dynamic: B[0] = base; r[1] = delta; r[s] = (H[s] - H[s-1]) / (H[s-1] + 1e-9) for s >=
+// 2; r clamped to [0, 1 + delta]; B[s] = clamp(B[s-1] + alpha * base * (r[s] - delta), base, cap *
 // base).
 std::vector<double> segment_budgets(const double* entropy, int64_t num_segments, bool rigid,
                                     const PrefillParams& params);

@@ -24,7 +24,7 @@ class FullPrefillPolicy final : public PrefillPolicy {
   PrefillParams params_;
 };
 
-// Entropy-guided, per-(KV head, segment) budgets (spec section 1).
+// Entropy-guided, per-(KV head, segment) budgets (docs/method.md section 2).
 class EntropyPrefillPolicy final : public PrefillPolicy {
  public:
   explicit EntropyPrefillPolicy(const PrefillParams& params);
@@ -50,7 +50,7 @@ class CritiPrefillPolicy final : public PrefillPolicy {
 // ----------
 
 // EntropyInfer's latent compression: SnapKV's selection, run once G generated tokens have been
-// seen, the window then ending in their queries (spec section 2).
+// seen, the window then ending in their queries (docs/method.md section 3).
 class LatentDecodePolicy final : public DecodePolicy {
  public:
   explicit LatentDecodePolicy(const DecodeParams& params) : params_(params) {}

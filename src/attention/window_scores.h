@@ -1,6 +1,6 @@
 // The observation-window scores shared by the query-guided decode policies (EntropyInfer's latent
-// compression, SnapKV, AdaKV, PyramidKV), split into the steps of spec section 2 so each can be
-// tested against its formula.
+// compression, SnapKV, AdaKV, PyramidKV), split into the steps of docs/method.md section 3 so each
+// can be tested against its formula.
 //
 // With cache length L and window W (DecodeParams::window), the last W entries are always kept; the
 // other L - W entries, positions [0, L - W), are the candidates that compete for the budget.

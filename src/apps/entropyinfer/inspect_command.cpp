@@ -100,7 +100,7 @@ void run_inspect(const InspectArgs& args) {
         const size_t cell = (layer * config.num_kv_heads + head) * entropy_map.columns + segment;
         if (!plan.entropy.empty()) {
           entry["entropy"] = plan.entropy[row];
-          // The spec's +1e-9 inside the log makes a one-block distribution's entropy -1e-9; the
+          // The method's +1e-9 inside the log makes a one-block distribution's entropy -1e-9; the
           // map shows it as the 0 it stands for (the JSON keeps the computed value).
           entropy_map.values[cell] = std::max(0.0, static_cast<double>(plan.entropy[row]));
         }

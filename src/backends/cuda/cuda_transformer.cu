@@ -1127,9 +1127,10 @@ struct CudaTransformer::State {
     return total;
   }
 
-  // The one-time compression of every layer's cache (spec section 2), mirroring the CPU engine:
-  // each layer's plan is made on the GPU from its observation window, the kept rows are gathered
-  // into per-head caches sized to the longest head plus decode_room, and the full cache is freed.
+  // The one-time compression of every layer's cache (docs/method.md section 3), mirroring the CPU
+  // engine: each layer's plan is made on the GPU from its observation window, the kept rows are
+  // gathered into per-head caches sized to the longest head plus decode_room, and the full cache is
+  // freed.
   void compress() {
     begin_compression(position);
     const int window_tokens = keeps_window ? std::min(window, window_count) : 0;

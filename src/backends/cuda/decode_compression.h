@@ -1,7 +1,8 @@
-// The decode-side KV-cache compression on the GPU (spec sections 2 and 4): the CUDA counterpart of
-// the CPU decode policies (attention/latent_decode.cpp, snapkv.cpp, adakv.cpp, streaming_llm.cpp,
-// pyramidkv.cpp, with the shared steps of attention/window_scores.h). For the same inputs the plan
-// holds the same kept entries as the CPU policy's plan(), up to scores that tie within rounding.
+// The decode-side KV-cache compression on the GPU (docs/method.md sections 3 and 4): the CUDA
+// counterpart of the CPU decode policies (attention/latent_decode.cpp, snapkv.cpp, adakv.cpp,
+// streaming_llm.cpp, pyramidkv.cpp, with the shared steps of attention/window_scores.h). For the
+// same inputs the plan holds the same kept entries as the CPU policy's plan(), up to scores that
+// tie within rounding.
 //
 // Steps, all on the device and without a host synchronisation:
 //   1. window scores: per query head, the softmax probabilities (scale 1/sqrt(d), over every key a

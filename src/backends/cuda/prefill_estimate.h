@@ -1,9 +1,10 @@
-// EntropyInfer's prefill estimate (spec section 1) on the GPU: block extrema of the keys, segment
-// midpoints of the queries, criticality scores, softmax entropy, rigid/dynamic (or CritiPrefill's
-// fixed) budgets, top-k block selection and the CSR plan, all in device memory without a host round
-// trip. It produces the plan estimate_prefill_plan (attention/entropy_prefill.h) makes on the CPU:
-// same rows, same blocks, same budgets; only the fp32 dot products are summed in another order, so
-// two blocks whose scores are equal to a few fp32 ulps may rank the other way round.
+// EntropyInfer's prefill estimate (docs/method.md section 2) on the GPU: block extrema of the keys,
+// segment midpoints of the queries, criticality scores, softmax entropy, rigid/dynamic (or
+// CritiPrefill's fixed) budgets, top-k block selection and the CSR plan, all in device memory
+// without a host round trip. It produces the plan estimate_prefill_plan
+// (attention/entropy_prefill.h) makes on the CPU: same rows, same blocks, same budgets; only the
+// fp32 dot products are summed in another order, so two blocks whose scores are equal to a few fp32
+// ulps may rank the other way round.
 #pragma once
 
 #include <cstdint>

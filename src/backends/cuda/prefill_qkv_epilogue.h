@@ -1,8 +1,8 @@
 // The q/k/v epilogue of a layer-by-layer prefill in one pass over the fused q/k/v rows: RoPE on the
 // query heads (written to the prompt-wide query rows), RoPE on the key heads written straight into
 // the key cache, the value heads copied into the value cache, and, for a sparse prefill, the
-// statistics EntropyInfer's estimate reads (spec 1.1-1.2): the segment midpoints of the rotated
-// queries and the block extrema of the rotated keys.
+// statistics EntropyInfer's estimate reads (docs/method.md 2.1-2.2): the segment midpoints of the
+// rotated queries and the block extrema of the rotated keys.
 //
 // It does what apply_rope_queries_out, append_kv, PrefillEstimator::record_key_blocks and the
 // estimate's midpoint kernel do one after the other (and gives the same bits: the extrema are
