@@ -6,8 +6,8 @@
 # table last.
 #   OUT            output folder (the device run sets it)
 #   GPU_ROUND      what to run: comma-separated subset of
-#                  build,quality,tests,attention,sparse,model,methods,bench,gemm,tuning,profile,
-#                  needle,capacity (default: all but quality, gemm, tuning, profile, needle and
+#                  build,quality,tests,generate,attention,sparse,model,methods,bench,gemm,tuning,
+#                  profile,needle,capacity (default: all but quality, gemm, tuning, profile, needle and
 #                  capacity)
 #   needle         scripts/demo.sh's command on the GPU (16k and 32k; NEEDLE_METHODS; the haystack
 #                  from TEXT_DIR, carry .cache/assets-text)
@@ -165,6 +165,48 @@ if [[ "${steps}" == *",tests,"* && -x "${build}/entropyinfer_gpu_tests" ]]; then
   sed -n '/==== tests/,$p' "${log}" | grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) |Failure|Expected|Which is|actual|error" | head -60
   # The measured logit errors and greedy agreement per parity fixture (tests/gpu/test_cuda_parity_fixtures.cpp).
   grep -E "^\[ (parity|greedy) +\]" "${log}"
+fi
+
+if [[ "${steps}" == *",generate,"* && -x "${build}/entropyinfer" ]]; then
+  # `entropyinfer generate` on both devices through the one engine interface, on the shipped model
+  # with a 2k-token prompt and small budgets (so every method is sparse): greedy text per method on
+  # cpu and cuda, and seeded sampling twice on cuda.
+  section generate
+  start=$(date +%s)
+  model_dir="${repo_root}/models/needle-llama-11m"
+  prompt_file=/tmp/generate-prompt.txt
+  python3 -c "
+import sys
+lines = [f'Entry {i} in the harbour log: the {\"north\" if i % 2 else \"south\"} pier took {5 * i + 2} barrels of salt.' for i in range(120)]
+sys.stdout.write(' '.join(lines) + ' The south pier took on entry 64 a number of barrels equal to')" > "${prompt_file}"
+  budgets=(--segment-size 128 --block-size 16 --sparse-threshold 512 --base-budget 256 --critiprefill-budget 256
+           --decode-budget 256 --window 32 --decode-gap 16)
+  for method in full entropy+latent critiprefill+snapkv; do
+    prefill=${method%%+*}; decode=full; [[ ${method} == *+* ]] && decode=${method#*+}
+    for device in cpu cuda; do
+      "${build}/entropyinfer" generate -m "${model_dir}" -f "${prompt_file}" -n 48 --device "${device}" \
+        --prefill "${prefill}" --decode "${decode}" "${budgets[@]}" > "/tmp/generate-${method}-${device}.txt" \
+        2> "/tmp/generate-${method}-${device}.err" || step_failed "generate ${method} on ${device}"
+      tail -2 "/tmp/generate-${method}-${device}.err" | tee -a "${log}"
+    done
+    if cmp -s "/tmp/generate-${method}-cpu.txt" "/tmp/generate-${method}-cuda.txt"; then
+      echo "generate ${method}: greedy text identical on cpu and cuda" | tee -a "${log}"
+    else
+      echo "generate ${method}: greedy text differs between cpu and cuda:" | tee -a "${log}"
+      diff <(tail -c 400 "/tmp/generate-${method}-cpu.txt") <(tail -c 400 "/tmp/generate-${method}-cuda.txt") | tee -a "${log}"
+    fi
+  done
+  for run in 1 2; do
+    "${build}/entropyinfer" generate -m "${model_dir}" -f "${prompt_file}" -n 48 --device cuda -q \
+      -t 0.8 --top-p 0.9 -s 7 --prefill entropy --decode latent "${budgets[@]}" > "/tmp/generate-seeded-${run}.txt" \
+      2>> "${log}" || step_failed "seeded generate on cuda"
+  done
+  if cmp -s /tmp/generate-seeded-1.txt /tmp/generate-seeded-2.txt; then
+    echo "generate seeded sampling on cuda: identical run to run" | tee -a "${log}"
+  else
+    echo "generate seeded sampling on cuda: DIFFERS run to run" | tee -a "${log}"; step_failed "seeded generate repeat"
+  fi
+  summary+=("generate: $(( $(date +%s) - start )) s")
 fi
 
 if [[ "${steps}" == *",attention,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then

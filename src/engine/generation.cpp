@@ -38,7 +38,7 @@ std::string StopStringFilter::push(std::string_view text, bool& stopped) {
 
 std::string StopStringFilter::flush() { return std::exchange(pending_, std::string()); }
 
-GenerationResult generate(Transformer& model, const Tokenizer& tokenizer,
+GenerationResult generate(LanguageModel& model, const Tokenizer& tokenizer,
                           std::span<const int32_t> prompt, const GenerationOptions& options,
                           const TextCallback& on_text) {
   if (prompt.empty()) throw Error("the prompt is empty: at least one token is needed");

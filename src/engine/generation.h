@@ -12,8 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/language_model.h"
 #include "engine/sampler.h"
-#include "engine/transformer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace entropyinfer {
@@ -37,7 +37,7 @@ struct GenerationResult {
 
 using TextCallback = std::function<void(std::string_view text)>;
 
-GenerationResult generate(Transformer& model, const Tokenizer& tokenizer,
+GenerationResult generate(LanguageModel& model, const Tokenizer& tokenizer,
                           std::span<const int32_t> prompt, const GenerationOptions& options,
                           const TextCallback& on_text = {});
 

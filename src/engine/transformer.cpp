@@ -1,5 +1,7 @@
 #include "engine/transformer.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -217,6 +219,14 @@ Transformer::Transformer(const ModelWeights& weights, int context_length,
 Transformer::~Transformer() = default;
 
 void Transformer::reset() { state_->reset(); }
+void Transformer::set_attention(const AttentionConfig& attention) {
+  const bool record = state_->record_plans;
+  state_ = std::make_unique<State>(state_->weights, state_->context_length, attention);
+  state_->record_plans = record;
+}
+std::string Transformer::device_name() const {
+  return "cpu (" + std::to_string(omp_get_max_threads()) + " threads)";
+}
 int Transformer::position() const { return state_->position; }
 int Transformer::context_length() const { return state_->context_length; }
 const ModelConfig& Transformer::config() const { return state_->config; }

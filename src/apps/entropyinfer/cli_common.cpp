@@ -71,7 +71,7 @@ std::string read_prompt(const std::string& prompt, const std::string& prompt_fil
   return read_user_file(prompt_file, "prompt file");
 }
 
-Transformer::ProgressCallback prefill_progress_printer() {
+LanguageModel::ProgressCallback prefill_progress_printer() {
   return [last_percent = -1](int64_t done, int64_t total) mutable {
     const int percent = static_cast<int>(100 * done / std::max<int64_t>(total, 1));
     const bool finished = done == total;

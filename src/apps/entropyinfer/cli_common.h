@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/transformer.h"
+#include "engine/language_model.h"
 #include "model/model_weights.h"
 #include "tokenizer/tokenizer.h"
 
@@ -22,7 +22,7 @@ std::unique_ptr<Tokenizer> find_tokenizer(const std::string& model_path,
 std::string read_prompt(const std::string& prompt, const std::string& prompt_file);
 
 // Progress of a long prefill on stderr: updated in place on a terminal, one final line in a log.
-Transformer::ProgressCallback prefill_progress_printer();
+LanguageModel::ProgressCallback prefill_progress_printer();
 
 double peak_resident_mib();
 

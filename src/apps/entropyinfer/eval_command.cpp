@@ -19,7 +19,7 @@
 #include "apps/entropyinfer/cli_common.h"
 #include "apps/entropyinfer/commands.h"
 #include "apps/entropyinfer/flag_checks.h"
-#include "apps/entropyinfer/greedy_model.h"
+#include "apps/entropyinfer/model_commands.h"
 #include "attention/entropy_prefill.h"
 #include "core/error.h"
 #include "core/stopwatch.h"
@@ -408,9 +408,10 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
                  seconds_since(start), isatty(STDERR_FILENO) ? "\033[K" : "");
   }
 
-  std::string device_name;
-  const std::unique_ptr<GreedyModel> model =
-      make_greedy_model(args.run, weights, longest, runs.front().config, device_name);
+  // Answers are at most a few dozen tokens.
+  const std::unique_ptr<LanguageModel> model =
+      open_language_model(args.run, weights, longest, runs.front().config, /*decode_room=*/64);
+  const std::string device_name = model->device_name();
 
   eval::EvalReport report;
   report.date = utc_date();
@@ -453,13 +454,14 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
       const eval::RulerSample& sample = prepared.sample;
       const auto start = Clock::now();
       std::vector<int32_t> generated;
-      int32_t token = model->prefill(prepared.ids);
-      const WorkFractions after_prefill = model->work();
+      model->reset();
+      int32_t token = model->forward_greedy(prepared.ids);
+      const WorkFractions after_prefill = work_fractions(model->attention_work());
       for (int step = 0; step < sample.max_new_tokens; ++step) {
         if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) break;
         generated.push_back(token);
         if (step + 1 == sample.max_new_tokens) break;
-        token = model->step(token);
+        token = model->forward_greedy(std::span<const int32_t>(&token, 1));
       }
       eval::EvalSampleResult result;
       result.task = eval::ruler_task_name(sample.task);
@@ -473,7 +475,7 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
       result.score = eval::ruler_score(sample.task, result.prediction, sample.answers);
       result.seconds = seconds_since(start);
       result.prefill_keys_fraction = after_prefill.prefill_keys;
-      result.cache_kept_fraction = model->work().cache_kept;
+      result.cache_kept_fraction = work_fractions(model->attention_work()).cache_kept;
       const std::string cell = result.task + " " + std::to_string(sample.length);
       run.samples.push_back(std::move(result));
 

@@ -9,9 +9,10 @@
 #include "apps/entropyinfer/cli_common.h"
 #include "apps/entropyinfer/commands.h"
 #include "apps/entropyinfer/flag_checks.h"
+#include "apps/entropyinfer/model_commands.h"
 #include "core/error.h"
 #include "engine/generation.h"
-#include "engine/transformer.h"
+#include "engine/language_model.h"
 #include "tokenizer/chat_format.h"
 
 namespace entropyinfer::cli {
@@ -37,6 +38,7 @@ struct GenerateArgs {
   std::string chat_format;
   bool no_think = false;
   AttentionOptions attention;
+  DeviceFlags device;
 };
 
 void run_generate(const GenerateArgs& args) {
@@ -47,11 +49,13 @@ void run_generate(const GenerateArgs& args) {
   sampler.seed = args.seed;
   sampler.mode = args.sampler == "llama2c" ? SamplerMode::kLlama2c : SamplerMode::kStandard;
   validate_sampler_options(sampler);
-  if (args.max_tokens < 0) throw Error("--max-tokens must be >= 0");
+  args.device.check();
+  args.device.apply_threads();
 
   const AttentionConfig attention = args.attention.resolve();
   const std::string prompt_text = read_prompt(args.prompt, args.prompt_file);
   ModelWeights weights = load_model_with_progress(args.model);
+  const ModelConfig model_config = weights.config;
   std::unique_ptr<Tokenizer> tokenizer = find_tokenizer(args.model, args.tokenizer);
 
   EncodeOptions encode;
@@ -80,21 +84,30 @@ void run_generate(const GenerateArgs& args) {
     throw Error("the prompt encodes to no tokens and the tokenizer has no BOS; give a prompt");
   }
 
-  Transformer model(weights, args.context, attention);
-  if (static_cast<int64_t>(prompt.size()) > model.context_length()) {
+  // The GPU plans its memory up front, so without --context its cache holds this prompt and answer
+  // (the CPU's grows on demand up to the model's maximum).
+  int context = args.context;
+  if (context == 0 && args.device.device == "cuda") {
+    context = static_cast<int>(
+        std::min<int64_t>(static_cast<int64_t>(prompt.size()) + args.max_tokens, kMaxTokenCount));
+    if (model_config.max_position_embeddings > 0)
+      context = std::min(context, model_config.max_position_embeddings);
+  }
+  const std::unique_ptr<LanguageModel> model = open_language_model(
+      args.device, weights, context, attention, /*decode_room=*/std::max(args.max_tokens, 1));
+  if (static_cast<int64_t>(prompt.size()) > model->context_length()) {
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the " +
-                std::to_string(model.context_length()) + "-token context");
+                std::to_string(model->context_length()) + "-token context");
   }
   if (prompt.size() > 1024) {
-    model.set_progress_callback(prefill_progress_printer());
+    model->set_progress_callback(prefill_progress_printer());
   }
 
   GenerationOptions options;
   options.max_tokens =
-      std::min<int>(args.max_tokens, model.context_length() - static_cast<int>(prompt.size()));
+      std::min<int>(args.max_tokens, model->context_length() - static_cast<int>(prompt.size()));
   options.sampler = sampler;
-  options.stop_token_ids = weights.config.eos_token_ids;
-  for (int32_t id : tokenizer->eos_ids()) options.stop_token_ids.push_back(id);
+  options.stop_token_ids = stop_token_ids(model_config, *tokenizer);
   options.stop_strings = stop_strings;
 
   // Like llama.cpp, show a plain prompt before its continuation (a chat shows only the answer).
@@ -103,7 +116,7 @@ void run_generate(const GenerateArgs& args) {
     std::fflush(stdout);
   }
   const GenerationResult result =
-      generate(model, *tokenizer, prompt, options, [](std::string_view piece) {
+      generate(*model, *tokenizer, prompt, options, [](std::string_view piece) {
         std::fwrite(piece.data(), 1, piece.size(), stdout);
         std::fflush(stdout);
       });
@@ -112,15 +125,16 @@ void run_generate(const GenerateArgs& args) {
   if (!args.quiet) {
     std::fprintf(stderr,
                  "\nprompt tokens: %d | prefill: %.3f s (%.1f tokens/s) | generated: %zu tokens, "
-                 "decode %.1f tokens/s | stop: %s | KV cache %.1f MiB | peak memory %.1f MiB\n",
+                 "decode %.1f tokens/s | stop: %s | KV cache %.1f MiB | peak memory %.1f MiB | "
+                 "%s\n",
                  result.prompt_tokens, result.prefill_seconds,
                  result.prompt_tokens / std::max(result.prefill_seconds, 1e-9),
                  result.tokens.size(), result.decode_steps / std::max(result.decode_seconds, 1e-9),
-                 result.stop_reason.c_str(), model.kv_cache_bytes() / 1048576.0,
-                 peak_resident_mib());
+                 result.stop_reason.c_str(), model->kv_cache_bytes() / 1048576.0,
+                 peak_resident_mib(), model->device_name().c_str());
     if (attention.prefill != PrefillMethod::kFull || attention.decode != DecodeMethod::kFull) {
       std::fprintf(stderr, "%s\n",
-                   describe_attention_work(attention, model.attention_work()).c_str());
+                   describe_attention_work(attention, model->attention_work()).c_str());
     }
   }
 }
@@ -144,7 +158,8 @@ void register_generate(CLI::App& app) {
       ->capture_default_str();
   command
       ->add_option("-c,--context", args->context,
-                   "Context length in tokens (default: the model's maximum)")
+                   "Context length in tokens (default: the model's maximum; on cuda, the prompt "
+                   "plus --max-tokens)")
       ->check(integer_in(0, kMaxTokenCount));
   command->add_option("-t,--temperature", args->temperature, "Sampling temperature; 0 is greedy")
       ->check(number_in(0.0, HUGE_VAL))
@@ -173,6 +188,7 @@ void register_generate(CLI::App& app) {
                       "(llama3, chatml, qwen3, mistral, mistral-v1, llama2)");
   command->add_flag("--no-think", args->no_think, "Qwen 3: switch thinking off");
   args->attention.add_to(command);
+  args->device.add_to(command);
   command->callback([args] { run_generate(*args); });
 }
 

@@ -13,10 +13,11 @@
 #include "apps/entropyinfer/attention_options.h"
 #include "apps/entropyinfer/cli_common.h"
 #include "apps/entropyinfer/commands.h"
+#include "apps/entropyinfer/model_commands.h"
 #include "core/error.h"
 #include "core/svg_heatmap.h"
 #include "core/user_file.h"
-#include "engine/transformer.h"
+#include "engine/language_model.h"
 
 namespace entropyinfer::cli {
 namespace {
@@ -29,6 +30,7 @@ struct InspectArgs {
   std::string out_dir = "inspect";
   bool no_blocks = false;
   AttentionOptions attention;
+  DeviceFlags device;
 };
 
 void run_inspect(const InspectArgs& args) {
@@ -37,6 +39,8 @@ void run_inspect(const InspectArgs& args) {
     throw Error(
         "inspect shows a sparse prefill's decisions: pass --prefill entropy or critiprefill");
   }
+  args.device.check();
+  args.device.apply_threads();
   const std::string text = read_prompt(args.prompt, args.prompt_file);
   // Before the prefill, which can take minutes: an output path that cannot be written is refused
   // now.
@@ -52,12 +56,13 @@ void run_inspect(const InspectArgs& args) {
                 " tokens, more than the model's " +
                 std::to_string(weights.config.max_position_embeddings) + "-token context");
   }
-  Transformer model(weights, static_cast<int>(prompt.size()), attention);
-  model.set_record_plans(true);
-  model.set_progress_callback(prefill_progress_printer());
-  model.forward(prompt);
-  const std::vector<LayerPrefillPlan>& plans = model.recorded_plans();
-  const ModelConfig& config = weights.config;
+  const ModelConfig config = weights.config;
+  const std::unique_ptr<LanguageModel> model = open_language_model(
+      args.device, weights, static_cast<int>(prompt.size()), attention, /*decode_room=*/1);
+  model->set_record_plans(true);
+  model->set_progress_callback(prefill_progress_printer());
+  model->forward(prompt);
+  const std::vector<LayerPrefillPlan>& plans = model->recorded_plans();
 
   nlohmann::json layers = nlohmann::json::array();
   int segments = 0;
@@ -133,7 +138,7 @@ void run_inspect(const InspectArgs& args) {
       budget_map.row_labels.push_back(label);
     }
   }
-  const AttentionWork& work = model.attention_work();
+  const AttentionWork& work = model->attention_work();
   const nlohmann::json document = {
       {"model", args.model},
       {"prompt_tokens", prompt.size()},
@@ -174,6 +179,7 @@ void register_inspect(CLI::App& app) {
   command->add_option("-o,--out", args->out_dir, "Output folder")->capture_default_str();
   command->add_flag("--no-blocks", args->no_blocks, "Leave the block lists out of the JSON");
   args->attention.add_to(command);
+  args->device.add_to(command);
   command->callback([args] { run_inspect(*args); });
 }
 

@@ -18,7 +18,7 @@
 #include "apps/entropyinfer/cli_common.h"
 #include "apps/entropyinfer/commands.h"
 #include "apps/entropyinfer/flag_checks.h"
-#include "apps/entropyinfer/greedy_model.h"
+#include "apps/entropyinfer/model_commands.h"
 #include "attention/entropy_prefill.h"
 #include "core/error.h"
 #include "core/stopwatch.h"
@@ -200,7 +200,7 @@ class PrefillStatus {
     std::fprintf(stderr, terminal_ ? "%s" : "%s\n", text_.c_str());
     std::fflush(stderr);
   }
-  Transformer::ProgressCallback callback() {
+  LanguageModel::ProgressCallback callback() {
     return [this](int64_t done, int64_t total) {
       if (!terminal_) return;
       std::fprintf(stderr, "\r%s %3d%%\033[K", text_.c_str(),
@@ -269,9 +269,10 @@ void run_needle(const NeedleArgs& args, CLI::App* command) {
 
   ModelWeights weights = load_model_with_progress(model_folder);
   const std::vector<int32_t> stop_ids = stop_token_ids(weights.config, *tokenizer);
-  std::string device_name;
-  const std::unique_ptr<GreedyModel> model =
-      make_greedy_model(args.run, weights, length, configs.front(), device_name);
+  // Answers are at most a few dozen tokens.
+  const std::unique_ptr<LanguageModel> model =
+      open_language_model(args.run, weights, length, configs.front(), /*decode_room=*/64);
+  const std::string device_name = model->device_name();
 
   const double depth = static_cast<double>(place.tokens_before - 1) /
                        static_cast<double>(std::max(place.document_tokens - 1, 1));
@@ -294,7 +295,8 @@ void run_needle(const NeedleArgs& args, CLI::App* command) {
   const size_t warm_tokens = gpu ? ids.size() : std::min<size_t>(ids.size(), 64);
   for (size_t m = 0; m < (gpu ? configs.size() : 1); ++m) {
     model->set_attention(configs[m]);
-    model->prefill(std::span<const int32_t>(ids.data(), warm_tokens));
+    model->reset();
+    model->forward_greedy(std::span<const int32_t>(ids.data(), warm_tokens));
   }
 
   size_t name_width = 0;
@@ -309,12 +311,13 @@ void run_needle(const NeedleArgs& args, CLI::App* command) {
     int decode_steps = 0;
     {
       PrefillStatus status(ids.size(), result.method);
-      model->set_progress(status.callback());
+      model->set_progress_callback(status.callback());
       const auto start = Clock::now();
-      int32_t token = model->prefill(ids);
+      model->reset();
+      int32_t token = model->forward_greedy(ids);
       result.first_token_seconds = seconds_since(start);
-      model->set_progress(nullptr);
-      result.prefill_work = model->work();
+      model->set_progress_callback(nullptr);
+      result.prefill_work = work_fractions(model->attention_work());
       // At most the task's G tokens, stopping at EOS or at the end of the answer's line.
       for (int step = 0; step < sample.max_new_tokens; ++step) {
         if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) break;
@@ -322,7 +325,7 @@ void run_needle(const NeedleArgs& args, CLI::App* command) {
         result.answer = tokenizer->decode(generated);
         if (result.answer.find('\n') != std::string::npos) break;
         if (step + 1 == sample.max_new_tokens) break;
-        token = model->step(token);
+        token = model->forward_greedy(std::span<const int32_t>(&token, 1));
         ++decode_steps;
       }
       result.total_seconds = seconds_since(start);
@@ -330,7 +333,7 @@ void run_needle(const NeedleArgs& args, CLI::App* command) {
     result.answer = result.answer.substr(0, result.answer.find('\n'));
     result.generated_tokens = static_cast<int>(generated.size());
     result.correct = eval::ruler_score(sample.task, result.answer, sample.answers) == 1.0;
-    result.final_work = model->work();
+    result.final_work = work_fractions(model->attention_work());
     result.prefill_note =
         dense_prefill_reason(result.config, static_cast<int64_t>(ids.size()), budget_given);
     result.cache_line = describe_decode_cache(result.config, result.final_work, decode_steps);

@@ -36,13 +36,15 @@ endif()
 
 if(ENTROPYINFER_BUILD_TESTS)
   file(GLOB ENTROPYINFER_GPU_TEST_SOURCES CONFIGURE_DEPENDS tests/gpu/*.cpp)
-  add_executable(entropyinfer_gpu_tests ${ENTROPYINFER_GPU_TEST_SOURCES})
+  add_executable(entropyinfer_gpu_tests ${ENTROPYINFER_GPU_TEST_SOURCES}
+    ${ENTROPYINFER_DEVICE_TEST_SOURCES})
   target_include_directories(entropyinfer_gpu_tests PRIVATE tests)
   target_compile_options(entropyinfer_gpu_tests PRIVATE ${ENTROPYINFER_WARNINGS})
   target_link_libraries(entropyinfer_gpu_tests PRIVATE entropyinfer_cuda GTest::gtest GTest::gtest_main)
   # The parity-fixture test reads tests/fixtures/parity in place.
   target_compile_definitions(entropyinfer_gpu_tests PRIVATE
-    ENTROPYINFER_FIXTURES_DIR="${CMAKE_CURRENT_SOURCE_DIR}/tests/fixtures")
+    ENTROPYINFER_FIXTURES_DIR="${CMAKE_CURRENT_SOURCE_DIR}/tests/fixtures"
+    ENTROPYINFER_TEST_DEVICE="cuda")
   # Listed when ctest runs rather than after the build, so that building needs no GPU and no driver.
   gtest_discover_tests(entropyinfer_gpu_tests DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
     PROPERTIES TIMEOUT 1200)

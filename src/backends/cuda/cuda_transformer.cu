@@ -353,6 +353,15 @@ struct CudaTransformer::State {
   DeviceBuffer<float> ragged_workspace;
   CudaAttentionWork work;
   bool record_plans = false;
+  LanguageModel::ProgressCallback progress;
+
+  // Tells the progress callback that `done` of `total` prompt tokens have passed (through every
+  // layer, or through `layers` of them), once the GPU has got there. Short spans are not reported.
+  void report_progress(int64_t done, int64_t total) {
+    if (!progress || total <= chunk) return;
+    check(cudaStreamSynchronize(stream), "forward");
+    progress(done, total);
+  }
   bool stage_timing = false;  // break the next prefills' GPU time down by Stage
   StageTimes stages;
   std::vector<LayerPrefillPlan> plans;
@@ -948,8 +957,11 @@ struct CudaTransformer::State {
                       sin_table + t0 * w.half_rotary, nullptr,
                       output_rows_of_layer(index, t0, m, n, all_logits));
       }
-      const auto timed = stages.scope(Stage::kLogits, stream);
-      enqueue_logits(hidden.data(), t0, m, n, all_logits, all);
+      {
+        const auto timed = stages.scope(Stage::kLogits, stream);
+        enqueue_logits(hidden.data(), t0, m, n, all_logits, all);
+      }
+      report_progress(t0 + m, n);
     }
     // The dynamic tables must outlive the kernels that read them.
     if (dynamic_cos.size() != 0) check(cudaStreamSynchronize(stream), "forward");
@@ -1093,6 +1105,7 @@ struct CudaTransformer::State {
         enqueue_mlp(layer, prompt_hidden.data() + (t0 + skipped) * w.hidden,
                     prompt_attention.data() + (t0 + skipped) * w.q, rows);
       }
+      report_progress((index + 1) * n / config.num_layers, n);
     }
     for (int64_t t0 = 0; t0 < n; t0 += step) {
       const int64_t m = std::min<int64_t>(step, n - t0);
@@ -1408,6 +1421,10 @@ int32_t CudaTransformer::forward_greedy(std::span<const int32_t> tokens) {
 
 void CudaTransformer::reset() { state_->reset(); }
 
+void CudaTransformer::set_attention(const AttentionConfig& attention) {
+  set_attention(attention, state_->options.layer_major_prefill);
+}
+
 void CudaTransformer::set_attention(const AttentionConfig& attention, bool layer_major_prefill) {
   CudaModelOptions options = state_->options;
   options.attention = attention;
@@ -1418,6 +1435,9 @@ void CudaTransformer::set_attention(const AttentionConfig& attention, bool layer
 int CudaTransformer::position() const { return state_->position; }
 int CudaTransformer::context_length() const { return state_->context; }
 const ModelConfig& CudaTransformer::config() const { return state_->config; }
+const AttentionConfig& CudaTransformer::attention_config() const {
+  return state_->options.attention;
+}
 const GpuMemoryPlan& CudaTransformer::memory_plan() const { return state_->plan; }
 const CudaAttentionWork& CudaTransformer::attention_work() const { return state_->work; }
 size_t CudaTransformer::kv_cache_bytes() const { return state_->cache_bytes(); }
@@ -1425,6 +1445,19 @@ void CudaTransformer::set_record_plans(bool record) { state_->record_plans = rec
 void CudaTransformer::set_stage_timing(bool timing) { state_->stage_timing = timing; }
 const std::vector<LayerPrefillPlan>& CudaTransformer::recorded_plans() const {
   return state_->plans;
+}
+void CudaTransformer::set_progress_callback(ProgressCallback callback) {
+  state_->progress = std::move(callback);
+}
+
+std::string CudaTransformer::memory_description() const { return state_->plan.describe(); }
+
+std::string CudaTransformer::device_name() const {
+  int index = 0;
+  cudaDeviceProp properties{};
+  check(cudaGetDevice(&index), "cudaGetDevice");
+  check(cudaGetDeviceProperties(&properties, index), "cudaGetDeviceProperties");
+  return std::string("cuda (") + properties.name + ")";
 }
 
 }  // namespace entropyinfer::cuda

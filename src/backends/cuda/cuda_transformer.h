@@ -15,6 +15,7 @@
 
 #include "attention/attention_config.h"
 #include "attention/prefill_plan.h"
+#include "engine/language_model.h"
 #include "model/model_config.h"
 #include "model/model_weights.h"
 
@@ -46,22 +47,13 @@ struct CudaModelOptions {
   GemmTuning gemm_tuning = GemmTuning::kBurst;
 };
 
-// What the attention policies did in the last prefill and compression, for reading each time next
-// to the work behind it.
-struct CudaAttentionWork {
-  // Keys read by the prefill summed over layers, KV heads and queries, and what full causal
-  // attention reads over the same spans.
-  int64_t prefill_keys_read = 0;
-  int64_t prefill_keys_dense = 0;
+// What the attention policies did in the last prefill and compression (AttentionWork), with the
+// GPU's own timings, for reading each time next to the work behind it.
+struct CudaAttentionWork : AttentionWork {
   // GPU time (CUDA events) of the estimate (block extrema, scores, entropy, budgets, selection) and
   // of the prefill attention launches, summed over layers; layer-major prefills only.
   double estimate_ms = 0;
   double prefill_attention_ms = 0;
-  bool compressed = false;
-  int64_t cache_entries_before = 0;  // summed over layers and cache heads
-  int64_t cache_entries_after = 0;
-  size_t cache_bytes_before = 0;
-  size_t cache_bytes_after = 0;
   double compression_ms = 0;  // wall time of the one-time compression
   // Of it: allocating the compressed caches and freeing the full ones (host wall time).
   double compression_memory_ms = 0;
@@ -79,44 +71,52 @@ struct GpuMemoryPlan {
   std::string describe() const;
 };
 
-class CudaTransformer {
+// The CUDA executor of LanguageModel.
+class CudaTransformer : public LanguageModel {
  public:
   // Uploads `weights` (fp32 on the host) as bf16; norms and biases stay fp32.
   CudaTransformer(const ModelWeights& weights, const CudaModelOptions& options = {});
   // A model of `config`'s shape with random weights drawn on the GPU (uniform in +-1/sqrt(fan_in),
   // embeddings in +-1, norms 1): for speed measurements of shapes with no checkpoint at hand.
   CudaTransformer(const ModelConfig& config, uint64_t seed, const CudaModelOptions& options = {});
-  ~CudaTransformer();
+  ~CudaTransformer() override;
   CudaTransformer(const CudaTransformer&) = delete;
   CudaTransformer& operator=(const CudaTransformer&) = delete;
 
   // Runs `tokens` at positions [position(), position() + n) and appends their keys and values to
   // the cache; returns fp32 logits, [n, vocab] when all_logits, else [vocab] for the last token.
   // Throws Error when the tokens do not fit in the context or an id is outside the vocabulary.
-  std::vector<float> forward(std::span<const int32_t> tokens, bool all_logits = false);
+  std::vector<float> forward(std::span<const int32_t> tokens, bool all_logits = false) override;
   // The same, returning only the id of the largest last-token logit (chosen on the GPU).
-  int32_t forward_greedy(std::span<const int32_t> tokens);
+  int32_t forward_greedy(std::span<const int32_t> tokens) override;
 
-  void reset();  // forgets the sequence; a compressed cache is re-allocated at full size
+  void reset() override;  // forgets the sequence; a compressed cache is re-allocated at full size
 
   // Switches the attention policies (and forgets the sequence): the same model measured under
   // several methods. Throws Error naming the problem for an invalid configuration, or when the
   // policies' buffers do not fit.
-  void set_attention(const AttentionConfig& attention, bool layer_major_prefill = false);
-  int position() const;
-  int context_length() const;
-  const ModelConfig& config() const;
+  void set_attention(const AttentionConfig& attention, bool layer_major_prefill);
+  void set_attention(const AttentionConfig& attention) override;
+  int position() const override;
+  int context_length() const override;
+  const ModelConfig& config() const override;
+  const AttentionConfig& attention_config() const override;
   const GpuMemoryPlan& memory_plan() const;
-  const CudaAttentionWork& attention_work() const;
+  const CudaAttentionWork& attention_work() const override;
 
   // Keep every layer's prefill plan of the next layer-major prefill (each read back from the GPU
   // as it is made, so this costs a synchronisation per layer: for tests and inspection).
-  void set_record_plans(bool record);
-  const std::vector<LayerPrefillPlan>& recorded_plans() const;
+  void set_record_plans(bool record) override;
+  const std::vector<LayerPrefillPlan>& recorded_plans() const override;
+  // Reports after each chunk or layer of a prompt longer than chunk_tokens; it waits for the GPU
+  // to get there, which costs a synchronisation per layer.
+  void set_progress_callback(ProgressCallback callback) override;
+  std::string device_name() const override;
+  std::string memory_description() const override;  // memory_plan().describe()
   // Time every part of the next prefills with CUDA events (attention_work().prefill_stage_ms).
   // The events add a few microseconds per part, so timings meant as headline numbers leave it off.
   void set_stage_timing(bool timing);
-  size_t kv_cache_bytes() const;  // allocated now (it shrinks when the cache is compressed)
+  size_t kv_cache_bytes() const override;  // allocated now (it shrinks when compressed)
 
   // What a model of `config` needs with `options`; construction throws Error (naming the bytes
   // needed and free) when it is more than the GPU has free.

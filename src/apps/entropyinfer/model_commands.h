@@ -1,6 +1,6 @@
-// What `entropyinfer eval` and `entropyinfer needle` share: greedy generation on either backend
-// behind one interface, the --methods and budget-level rules, token counts written as 4096 or 4k,
-// and finding the shared assets and the shipped model beside the checkout.
+// What the commands that run a model share: the --device flags and opening the model on that
+// device (engine/language_model.h), the --methods and budget-level rules, token counts written as
+// 4096 or 4k, and finding the shared assets and the shipped model beside the checkout.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -15,7 +15,7 @@
 
 #include "apps/entropyinfer/flag_checks.h"
 #include "attention/attention_config.h"
-#include "engine/transformer.h"
+#include "engine/language_model.h"
 #include "model/model_weights.h"
 #include "tokenizer/tokenizer.h"
 
@@ -28,37 +28,10 @@ struct WorkFractions {
   bool compressed = false;    // whether the decode policy has compressed the cache yet
 };
 
-class GreedyModel {
- public:
-  virtual ~GreedyModel() = default;
-  virtual void set_attention(const AttentionConfig& config) = 0;
-  // Forgets the sequence and runs the prompt; returns the greedy next token.
-  virtual int32_t prefill(std::span<const int32_t> prompt) = 0;
-  virtual int32_t step(int32_t token) = 0;
-  virtual WorkFractions work() const = 0;
-  // Called during long forward passes with (tokens done, tokens total); a backend that cannot
-  // report progress ignores it.
-  virtual void set_progress(Transformer::ProgressCallback /*callback*/) {}
-};
+// The work fractions of what a model's attention policies did in its last generation.
+WorkFractions work_fractions(const AttentionWork& work);
 
-class CpuGreedyModel : public GreedyModel {
- public:
-  // `weights` must outlive the model.
-  CpuGreedyModel(const ModelWeights& weights, int context);
-  void set_attention(const AttentionConfig& config) override;
-  int32_t prefill(std::span<const int32_t> prompt) override;
-  int32_t step(int32_t token) override;
-  WorkFractions work() const override;
-  void set_progress(Transformer::ProgressCallback callback) override;
-
- private:
-  const ModelWeights& weights_;
-  int context_;
-  std::unique_ptr<Transformer> model_;
-  Transformer::ProgressCallback progress_;
-};
-
-// --device, --threads and --chunk, which eval and needle take alike.
+// --device, --threads and --chunk, which every command that runs a model takes alike.
 struct DeviceFlags {
   // Far above any CPU this runs on; OpenMP crashes creating 100,000 threads.
   static constexpr int kMaxThreads = 1024;
@@ -74,13 +47,13 @@ struct DeviceFlags {
   void apply_threads() const;
 };
 
-// The model on `flags.device` (checked by DeviceFlags::check), sized for prompts plus answers of
-// at most `context` tokens, starting with attention `first`. The CPU model reads `weights`, which
-// must outlive it; the GPU keeps its own copy, and `weights` is emptied. Sets `device_name` to
-// what the report calls the device.
-std::unique_ptr<GreedyModel> make_greedy_model(const DeviceFlags& flags, ModelWeights& weights,
-                                               int context, const AttentionConfig& first,
-                                               std::string& device_name);
+// The model on `flags.device` (checked by DeviceFlags::check) through make_language_model, sized
+// for prompts plus answers of at most `context` tokens with room for `decode_room` tokens after a
+// compression, starting with attention `first`. The CPU executor reads `weights`, which must
+// outlive it; the GPU keeps its own copy, and `weights` is emptied. Says on stderr what it does.
+std::unique_ptr<LanguageModel> open_language_model(const DeviceFlags& flags, ModelWeights& weights,
+                                                   int context, const AttentionConfig& first,
+                                                   int decode_room);
 
 // The ids that end a generation: the model's EOS ids and the tokenizer's.
 std::vector<int32_t> stop_token_ids(const ModelConfig& config, const Tokenizer& tokenizer);

@@ -1,4 +1,4 @@
-#include "apps/entropyinfer/greedy_model.h"
+#include "apps/entropyinfer/model_commands.h"
 
 #include <omp.h>
 
@@ -13,18 +13,14 @@
 #include "core/json_reader.h"
 #include "core/user_file.h"
 
-#ifdef ENTROPYINFER_WITH_CUDA
-#include "backends/cuda/cuda_common.h"
-#include "backends/cuda/cuda_transformer.h"
-#endif
-
 namespace entropyinfer::cli {
 namespace {
 
 namespace fs = std::filesystem;
 
-template <typename Work>
-WorkFractions fractions_of(const Work& work) {
+}  // namespace
+
+WorkFractions work_fractions(const AttentionWork& work) {
   WorkFractions fractions;
   if (work.prefill_keys_dense > 0) {
     fractions.prefill_keys =
@@ -38,57 +34,6 @@ WorkFractions fractions_of(const Work& work) {
   return fractions;
 }
 
-int32_t argmax(const std::vector<float>& logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
-
-#ifdef ENTROPYINFER_WITH_CUDA
-class CudaGreedyModel : public GreedyModel {
- public:
-  CudaGreedyModel(const ModelWeights& weights, const cuda::CudaModelOptions& options)
-      : model_(weights, options) {}
-  void set_attention(const AttentionConfig& config) override { model_.set_attention(config); }
-  int32_t prefill(std::span<const int32_t> prompt) override {
-    model_.reset();
-    return model_.forward_greedy(prompt);
-  }
-  int32_t step(int32_t token) override {
-    return model_.forward_greedy(std::span<const int32_t>(&token, 1));
-  }
-  WorkFractions work() const override { return fractions_of(model_.attention_work()); }
-  const cuda::CudaTransformer& model() const { return model_; }
-
- private:
-  cuda::CudaTransformer model_;
-};
-#endif
-
-}  // namespace
-
-CpuGreedyModel::CpuGreedyModel(const ModelWeights& weights, int context)
-    : weights_(weights), context_(context) {}
-
-void CpuGreedyModel::set_attention(const AttentionConfig& config) {
-  model_ = std::make_unique<Transformer>(weights_, context_, config);
-  if (progress_) model_->set_progress_callback(progress_);
-}
-
-int32_t CpuGreedyModel::prefill(std::span<const int32_t> prompt) {
-  model_->reset();
-  return argmax(model_->forward(prompt));
-}
-
-int32_t CpuGreedyModel::step(int32_t token) {
-  return argmax(model_->forward(std::span<const int32_t>(&token, 1)));
-}
-
-WorkFractions CpuGreedyModel::work() const { return fractions_of(model_->attention_work()); }
-
-void CpuGreedyModel::set_progress(Transformer::ProgressCallback callback) {
-  progress_ = std::move(callback);
-  if (model_) model_->set_progress_callback(progress_);
-}
-
 void DeviceFlags::add_to(CLI::App* command) {
   command->add_option("--device", device, "cpu or cuda (CUDA builds)")->capture_default_str();
   command->add_option("--threads", threads, "CPU threads (default: OpenMP's)")
@@ -98,49 +43,28 @@ void DeviceFlags::add_to(CLI::App* command) {
       ->capture_default_str();
 }
 
-void DeviceFlags::check() const {
-  if (device != "cpu" && device != "cuda") {
-    throw Error("--device must be cpu or cuda, not '" + device + "'");
-  }
-#ifndef ENTROPYINFER_WITH_CUDA
-  if (device == "cuda") {
-    throw Error(
-        "--device cuda: this build has no CUDA backend (configure with -DENTROPYINFER_CUDA=ON)");
-  }
-#endif
-}
+void DeviceFlags::check() const { check_device(parse_device(device)); }
 
 void DeviceFlags::apply_threads() const {
   if (threads > 0) omp_set_num_threads(threads);
 }
 
-std::unique_ptr<GreedyModel> make_greedy_model(const DeviceFlags& flags, ModelWeights& weights,
-                                               int context, const AttentionConfig& first,
-                                               std::string& device_name) {
+std::unique_ptr<LanguageModel> open_language_model(const DeviceFlags& flags, ModelWeights& weights,
+                                                   int context, const AttentionConfig& first,
+                                                   int decode_room) {
   flags.check();
-  device_name = "cpu (" + std::to_string(omp_get_max_threads()) + " threads)";
-  if (flags.device == "cuda") {
-#ifdef ENTROPYINFER_WITH_CUDA
-    if (cuda::device_count() == 0) throw Error("--device cuda: no CUDA device is present");
-    cuda::CudaModelOptions options;
-    options.context_length = context;
-    options.chunk_tokens = flags.chunk_tokens;
-    options.decode_room = 64;  // answers are at most a few dozen tokens
-    options.attention = first;
-    std::fprintf(stderr, "uploading to the GPU...\n");
-    auto cuda_model = std::make_unique<CudaGreedyModel>(weights, options);
-    std::fprintf(stderr, "%s\n", cuda_model->model().memory_plan().describe().c_str());
-    weights = ModelWeights{};  // the GPU holds its own copy
-    int index = 0;
-    cudaDeviceProp properties{};
-    cuda::check(cudaGetDevice(&index), "cudaGetDevice");
-    cuda::check(cudaGetDeviceProperties(&properties, index), "cudaGetDeviceProperties");
-    device_name = std::string("cuda (") + properties.name + ")";
-    return cuda_model;
-#endif
-  }
-  (void)first;
-  return std::make_unique<CpuGreedyModel>(weights, context);
+  EngineOptions options;
+  options.device = parse_device(flags.device);
+  options.context_length = context;
+  options.attention = first;
+  options.chunk_tokens = flags.chunk_tokens;
+  options.decode_room = decode_room;
+  if (options.device == Device::kCuda) std::fprintf(stderr, "uploading to the GPU...\n");
+  std::unique_ptr<LanguageModel> model = make_language_model(weights, options);
+  const std::string memory = model->memory_description();
+  if (!memory.empty()) std::fprintf(stderr, "%s\n", memory.c_str());
+  if (options.device == Device::kCuda) weights = ModelWeights{};  // the GPU holds its own copy
+  return model;
 }
 
 std::vector<int32_t> stop_token_ids(const ModelConfig& config, const Tokenizer& tokenizer) {

@@ -1,0 +1,104 @@
+// The one interface every command runs a model through, whatever the device: a CPU executor
+// (engine/transformer.h) and a CUDA executor (backends/cuda/cuda_transformer.h) implement it, and
+// make_language_model picks one from EngineOptions::device. Generation, evaluation and inspection
+// are written once against this class.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "attention/attention_config.h"
+#include "attention/prefill_plan.h"
+#include "model/model_config.h"
+#include "model/model_weights.h"
+
+namespace entropyinfer {
+
+// What the attention policies did, so that every time can be read next to the work behind it.
+struct AttentionWork {
+  // Prefill: keys read summed over layers, KV heads and queries, and what full causal attention
+  // would have read over the same spans.
+  int64_t prefill_keys_read = 0;
+  int64_t prefill_keys_dense = 0;
+  // Decode-cache compression (once per generation).
+  bool compressed = false;
+  int64_t cache_entries_before = 0;  // summed over layers and cache heads
+  int64_t cache_entries_after = 0;
+  size_t cache_bytes_before = 0;  // allocated cache memory just before / after compressing
+  size_t cache_bytes_after = 0;
+};
+
+class LanguageModel {
+ public:
+  virtual ~LanguageModel() = default;
+
+  // Runs `tokens` at positions [position(), position() + n), appends their keys and values to the
+  // cache and returns fp32 logits: [n, vocab] row-major when all_logits, else [vocab] for the last
+  // token. The first call after reset() is the prefill, where the prefill policy applies; the
+  // decode policy compresses the cache once, after the prefill or after its number of generated
+  // tokens. Throws Error when the tokens do not fit in the context or an id is outside the
+  // vocabulary.
+  virtual std::vector<float> forward(std::span<const int32_t> tokens, bool all_logits = false) = 0;
+  // forward(), returning only the id of the largest last-token logit; Error, naming the id, for a
+  // NaN or +inf logit or when every logit is -inf.
+  virtual int32_t forward_greedy(std::span<const int32_t> tokens);
+
+  virtual void reset() = 0;  // forgets the sequence (and any compression)
+  // Switches the attention policies and forgets the sequence: the same weights measured under
+  // several methods. Throws Error naming the problem for an invalid configuration.
+  virtual void set_attention(const AttentionConfig& attention) = 0;
+
+  virtual int position() const = 0;
+  virtual int context_length() const = 0;
+  virtual const ModelConfig& config() const = 0;
+  virtual const AttentionConfig& attention_config() const = 0;
+  virtual size_t kv_cache_bytes() const = 0;  // allocated now
+  virtual const AttentionWork& attention_work() const = 0;
+
+  // Keep every layer's prefill plan of the next prefill, for inspection.
+  virtual void set_record_plans(bool record) = 0;
+  virtual const std::vector<LayerPrefillPlan>& recorded_plans() const = 0;
+
+  // Called during long forward passes with (tokens done, tokens total), for progress display.
+  using ProgressCallback = std::function<void(int64_t done, int64_t total)>;
+  virtual void set_progress_callback(ProgressCallback callback) = 0;
+
+  // What reports call the device, e.g. "cpu (8 threads)" or "cuda (NVIDIA H200)".
+  virtual std::string device_name() const = 0;
+  // The executor's memory plan in one line, where it plans memory up front (empty otherwise).
+  virtual std::string memory_description() const { return {}; }
+};
+
+enum class Device { kCpu, kCuda };
+
+// "cpu" or "cuda"; Error otherwise.
+Device parse_device(const std::string& name);
+const char* device_label(Device device);
+// Whether this build has an executor for `device` and the machine has the device.
+bool device_available(Device device);
+// Error saying which of the two is missing, when one is.
+void check_device(Device device);
+
+struct EngineOptions {
+  Device device = Device::kCpu;
+  int context_length = 0;  // 0 means the model's max_position_embeddings
+  AttentionConfig attention;
+  // cuda: prompt tokens per pass through the layers (bounds activation memory).
+  int chunk_tokens = 8192;
+  // cuda: after compression the cache keeps room for this many more tokens (at most the rest of
+  // the context); decoding past it is an error.
+  int decode_room = 4096;
+};
+
+// The model on `options.device`. The CPU executor reads `weights` in place, which must then
+// outlive the model; the CUDA executor copies them to the GPU, so `weights` may be released once
+// this returns. Error for a device this build or machine does not have.
+std::unique_ptr<LanguageModel> make_language_model(const ModelWeights& weights,
+                                                   const EngineOptions& options);
+
+}  // namespace entropyinfer

@@ -1,0 +1,145 @@
+// generate() through the one engine interface, the same bodies on every device (see
+// device_test_support.h), on the shipped model: seeded sampling repeats exactly under each
+// attention method while the method visibly changes the work, streamed text is the result's
+// text, and stop strings and stop tokens end the run where they appear.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "device/device_test_support.h"
+#include "engine/generation.h"
+#include "model/model_weights.h"
+#include "tokenizer/tokenizer.h"
+
+namespace entropyinfer {
+namespace {
+
+std::string shipped_model() {
+  return std::string(ENTROPYINFER_FIXTURES_DIR) + "/../../models/needle-llama-11m";
+}
+
+// About 350 tokens: long enough for the small budgets below to make every method sparse.
+std::string long_prompt() {
+  std::string text;
+  for (int i = 0; i < 20; ++i) {
+    text += "Line " + std::to_string(i) + ": the keeper of the lighthouse counted " +
+            std::to_string(7 * i + 3) + " ships before dawn. ";
+  }
+  return text + "The number of ships the keeper counted on line 12 was";
+}
+
+// Budgets small enough that a 350-token prompt runs sparse and its cache is compressed.
+AttentionConfig small_budgets(const std::string& methods) {
+  AttentionConfig config;
+  config.prefill_params.segment_size = 64;
+  config.prefill_params.block_size = 8;
+  config.prefill_params.sparse_threshold = 64;
+  config.prefill_params.base_budget = 64;
+  config.prefill_params.critiprefill_budget = 64;
+  config.prefill_params.dense_layers = 1;
+  config.decode_params.budget = 64;
+  config.decode_params.window = 8;
+  config.decode_params.gap = 4;
+  return with_methods(methods, config);
+}
+
+class Generation : public testing::OnDevice {
+ protected:
+  void SetUp() override {
+    OnDevice::SetUp();
+    if (IsSkipped()) return;
+    weights_ = std::make_unique<ModelWeights>(load_model(shipped_model()));
+    tokenizer_ = load_tokenizer(shipped_model() + "/tokenizer.json");
+    prompt_ = tokenizer_->encode(long_prompt(), {.add_bos = true});
+  }
+
+  GenerationResult run(LanguageModel& model, const GenerationOptions& options,
+                       std::string* streamed = nullptr) {
+    model.reset();
+    return generate(model, *tokenizer_, prompt_, options, [&](std::string_view piece) {
+      if (streamed) streamed->append(piece);
+    });
+  }
+
+  std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::vector<int32_t> prompt_;
+};
+
+TEST_P(Generation, SeededSamplingRepeatsUnderEveryMethod) {
+  ASSERT_GT(prompt_.size(), 300u);
+  const int context = static_cast<int>(prompt_.size()) + 64;
+  GenerationOptions options;
+  options.max_tokens = 16;
+  options.sampler.temperature = 0.9f;
+  options.sampler.top_k = 50;
+  options.sampler.top_p = 0.95f;
+  options.sampler.seed = 1234;
+  for (const char* methods : {"full", "entropy+latent", "critiprefill+snapkv"}) {
+    SCOPED_TRACE(methods);
+    const AttentionConfig attention = small_budgets(methods);
+    const std::unique_ptr<LanguageModel> model = open(*weights_, context, attention);
+    std::string streamed;
+    const GenerationResult first = run(*model, options, &streamed);
+    const AttentionWork work = model->attention_work();
+    const GenerationResult second = run(*model, options);
+    EXPECT_EQ(first.tokens, second.tokens) << "the same seed sampled different tokens";
+    EXPECT_EQ(first.text, second.text);
+    EXPECT_EQ(streamed, first.text) << "the streamed pieces are not the result's text";
+    EXPECT_EQ(first.tokens.size(), 16u) << first.stop_reason;
+    // The method ran: sparse prefills read fewer keys, compressing methods shrank the cache.
+    if (attention.prefill == PrefillMethod::kFull) {
+      EXPECT_EQ(work.prefill_keys_read, work.prefill_keys_dense);
+    } else {
+      EXPECT_LT(work.prefill_keys_read, work.prefill_keys_dense);
+    }
+    EXPECT_EQ(work.compressed, attention.decode != DecodeMethod::kFull);
+    if (work.compressed) {
+      EXPECT_LT(work.cache_entries_after, work.cache_entries_before);
+    }
+  }
+}
+
+TEST_P(Generation, StopStringsAndStopTokensEndTheRunWhereTheyAppear) {
+  const int context = static_cast<int>(prompt_.size()) + 64;
+  const std::unique_ptr<LanguageModel> model = open(*weights_, context);
+  GenerationOptions options;
+  options.max_tokens = 24;
+  const GenerationResult greedy = run(*model, options);
+  ASSERT_EQ(greedy.tokens.size(), 24u) << greedy.stop_reason;
+  ASSERT_GT(greedy.text.size(), 8u);
+
+  // A stop string from the middle of the greedy text: the run ends there, the string unshown.
+  const std::string stop = greedy.text.substr(greedy.text.size() / 2, 3);
+  GenerationOptions with_stop = options;
+  with_stop.stop_strings = {stop};
+  std::string streamed;
+  const GenerationResult stopped = run(*model, with_stop, &streamed);
+  EXPECT_EQ(stopped.stop_reason, "stop string");
+  EXPECT_EQ(stopped.text, greedy.text.substr(0, greedy.text.find(stop)));
+  EXPECT_EQ(streamed, stopped.text);
+
+  // A stop token: the first generated id after the start that has not appeared before it.
+  size_t index = 1;
+  while (index < greedy.tokens.size() &&
+         std::find(greedy.tokens.begin(), greedy.tokens.begin() + static_cast<long>(index),
+                   greedy.tokens[index]) != greedy.tokens.begin() + static_cast<long>(index)) {
+    ++index;
+  }
+  ASSERT_LT(index, greedy.tokens.size()) << "every greedy token repeats the first";
+  GenerationOptions with_eos = options;
+  with_eos.stop_token_ids = {greedy.tokens[index]};
+  const GenerationResult ended = run(*model, with_eos);
+  EXPECT_EQ(ended.stop_reason, "stop token");
+  EXPECT_EQ(ended.tokens, std::vector<int32_t>(greedy.tokens.begin(),
+                                               greedy.tokens.begin() + static_cast<long>(index)));
+}
+
+ENTROPYINFER_DEVICE_TESTS(Generation);
+
+}  // namespace
+}  // namespace entropyinfer
