@@ -50,16 +50,26 @@ int parse_byte_token(std::string_view text) {
 
 }  // namespace
 
+namespace {
+
+// A vocabulary size no file can satisfy is the caller's mistake: refused before any file is read.
+void check_vocab_size_argument(int vocab_size, const std::string& path) {
+  if (vocab_size < -1 || vocab_size == 0) {
+    throw Error("llama2.c tokenizer '" + path + "': invalid vocabulary size " +
+                std::to_string(vocab_size) + " (the model's vocab_size, or -1 to read to the end)");
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, int vocab_size) {
+  check_vocab_size_argument(vocab_size, path);
   return parse_llama2c_tokenizer(read_user_file(path, "llama2.c tokenizer"), vocab_size, path);
 }
 
 std::unique_ptr<Tokenizer> parse_llama2c_tokenizer(std::string_view bytes, int vocab_size,
                                                    const std::string& path) {
-  if (vocab_size < -1 || vocab_size == 0) {
-    throw Error("llama2.c tokenizer '" + path + "': invalid vocabulary size " +
-                std::to_string(vocab_size) + " (the model's vocab_size, or -1 to read to the end)");
-  }
+  check_vocab_size_argument(vocab_size, path);
   if (bytes.size() < 4) {
     throw Error("llama2.c tokenizer '" + path + "' is too short to hold its header (" +
                 std::to_string(bytes.size()) + " bytes)");
