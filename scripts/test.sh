@@ -2,7 +2,7 @@
 # Runs every test from a fresh clone: installs what is missing, fetches the reference tokenizer files,
 # builds (Release), runs the suite, then builds again with AddressSanitizer + UndefinedBehaviorSanitizer
 # and runs the CPU tests under it, then fuzzes every parser of untrusted input for a bounded time
-# (ENTROPYINFER_FUZZ_SECONDS per target, default 45).
+# (ENTROPYINFER_FUZZ_SECONDS per target, default 30).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
@@ -18,7 +18,7 @@ cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DENTROP
 ninja -C build-sanitize -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ENTROPYINFER_SANITIZER_RUN=1 ctest --test-dir build-sanitize --output-on-failure -j"$jobs"
-ENTROPYINFER_FUZZ_JOBS="$jobs" scripts/fuzz.sh "${ENTROPYINFER_FUZZ_SECONDS:-45}"
+ENTROPYINFER_FUZZ_JOBS="$jobs" scripts/fuzz.sh "${ENTROPYINFER_FUZZ_SECONDS:-30}"
 # The CUDA backend must at least compile where nvcc exists; its tests skip cleanly without a GPU.
 nvcc_path=$(command -v nvcc || true)
 [[ -z $nvcc_path && -x /usr/local/cuda/bin/nvcc ]] && nvcc_path=/usr/local/cuda/bin/nvcc
