@@ -9,7 +9,7 @@ endif()
 # UBSan; the engine, backends and evaluation code would only add build time.
 set(ENTROPYINFER_FUZZ_CORE_SOURCES ${ENTROPYINFER_CORE_SOURCES})
 list(FILTER ENTROPYINFER_FUZZ_CORE_SOURCES INCLUDE REGEX
-  "/src/(core/|tokenizer/|model/(safetensors|model_config|llama2c_loader)|attention/attention_config)")
+  "/src/(core/|tokenizer/|model/(safetensors|model_config|model_weights|llama2c_loader)|attention/attention_config)")
 # Every undefined-behaviour report aborts, so that libFuzzer counts it as a crash.
 set(ENTROPYINFER_FUZZ_SANITIZERS -fsanitize=address,undefined -fno-sanitize-recover=all
   -fno-omit-frame-pointer)

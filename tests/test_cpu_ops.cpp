@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -28,6 +29,65 @@ TEST(CpuOps, LinearMatchesNaiveProductForAwkwardShapes) {
         for (int k = 0; k < in; ++k) expected += static_cast<double>(x[t * in + k]) * w[o * in + k];
         ASSERT_NEAR(y[t * out + o], expected, 1e-4 * (1 + std::fabs(expected)))
             << tokens << "x" << in << "x" << out << " at " << t << "," << o;
+      }
+    }
+  }
+}
+
+// 16-bit weights read as stored give the very sums of their fp32 widening: the conversions are
+// exact and the kernels sum in the same order. f16 patterns cover its whole finite range
+// (subnormals and signed zeros included); bf16 ones keep products within fp32's range.
+TEST(CpuOps, SixteenBitWeightsGiveTheSumsOfTheirFp32Widening) {
+  for (const TensorDtype dtype : {TensorDtype::kBF16, TensorDtype::kF16}) {
+    for (auto [tokens, in, out] : {std::tuple{1, 7, 5}, {4, 64, 31}, {9, 172, 64}, {5, 300, 13}}) {
+      SCOPED_TRACE(std::string(dtype == TensorDtype::kBF16 ? "bf16 " : "f16 ") +
+                   std::to_string(tokens) + "x" + std::to_string(in) + "x" + std::to_string(out));
+      std::mt19937 random(17);
+      std::vector<uint16_t> bits(static_cast<size_t>(out) * in);
+      std::vector<float> widened(bits.size());
+      for (size_t i = 0; i < bits.size(); ++i) {
+        uint16_t pattern = static_cast<uint16_t>(random());
+        if (dtype == TensorDtype::kF16) {
+          if ((pattern & 0x7c00) == 0x7c00) pattern &= 0xbfff;  // no infinity or NaN
+          widened[i] = f16_to_f32(pattern);
+        } else {
+          const uint16_t exponent = static_cast<uint16_t>(112 + random() % 24);
+          pattern = static_cast<uint16_t>((pattern & 0x807f) | (exponent << 7));
+          widened[i] = bf16_to_f32(pattern);
+        }
+        bits[i] = pattern;
+      }
+      const auto x = random_vector(tokens * in, 1);
+      const auto bias = random_vector(out, 3);
+      std::vector<float> from_bits(tokens * out), from_floats(tokens * out);
+      cpu::linear(x.data(), tokens, in, cpu::WeightMatrix{bits.data(), dtype}, bias.data(), out,
+                  from_bits.data());
+      cpu::linear(x.data(), tokens, in, widened.data(), bias.data(), out, from_floats.data());
+      EXPECT_EQ(std::memcmp(from_bits.data(), from_floats.data(), from_bits.size() * 4), 0);
+    }
+  }
+}
+
+TEST(CpuOps, SixteenBitInfinitiesAndNaNsSurviveTheProduct) {
+  // f16 +inf, -inf and a NaN, then bf16's; each in lane 0 of an 8-wide row (the vector path) and
+  // in a tail lane (the scalar path), read through x = e_k.
+  const std::vector<std::pair<TensorDtype, uint16_t>> cases = {
+      {TensorDtype::kF16, 0x7c00},  {TensorDtype::kF16, 0xfc00},  {TensorDtype::kF16, 0x7e00},
+      {TensorDtype::kBF16, 0x7f80}, {TensorDtype::kBF16, 0xff80}, {TensorDtype::kBF16, 0x7fc0}};
+  for (const auto& [dtype, pattern] : cases) {
+    for (const int lane : {0, 8}) {
+      std::vector<uint16_t> row(9, 0);
+      row[lane] = pattern;
+      std::vector<float> x(9, 0.0f);
+      x[lane] = 1.0f;
+      float y = 0.0f;
+      cpu::linear(x.data(), 1, 9, cpu::WeightMatrix{row.data(), dtype}, nullptr, 1, &y);
+      const float expected =
+          dtype == TensorDtype::kF16 ? f16_to_f32(pattern) : bf16_to_f32(pattern);
+      if (std::isnan(expected)) {
+        EXPECT_TRUE(std::isnan(y)) << std::hex << pattern << " lane " << lane;
+      } else {
+        EXPECT_EQ(y, expected) << std::hex << pattern << " lane " << lane;
       }
     }
   }

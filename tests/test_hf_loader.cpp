@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/transformer.h"
 #include "model/model_weights.h"
 #include "safetensors_writer.h"
 #include "test_support.h"
@@ -59,8 +60,10 @@ std::vector<std::pair<std::string, const WeightView*>> named_views(const ModelWe
 }
 
 // Each tensor written is in its view with the same shape and bit-identical values; views for
-// tensors not written are empty (the lm_head of a tied model is the embedding).
-void expect_weights_match(const ModelWeights& weights, const TinyModel& model) {
+// tensors not written are empty (the lm_head of a tied model is the embedding). Matrices keep the
+// element type `matrix_dtype` they were stored in; vectors are fp32.
+void expect_weights_match(const ModelWeights& weights, const TinyModel& model,
+                          TensorDtype matrix_dtype = TensorDtype::kF32) {
   for (const auto& [name, view] : named_views(weights)) {
     if (name == "lm_head.weight" && weights.config.tied_embeddings) {
       EXPECT_EQ(view->data, weights.token_embedding.data) << "tied lm_head must be the embedding";
@@ -75,7 +78,10 @@ void expect_weights_match(const ModelWeights& weights, const TinyModel& model) {
     ASSERT_FALSE(view->empty()) << name;
     EXPECT_EQ(view->shape, model.shapes.at(name)) << name;
     ASSERT_EQ(view->numel(), static_cast<int64_t>(written->second.size())) << name;
-    EXPECT_EQ(std::memcmp(view->data, written->second.data(), written->second.size() * 4), 0)
+    EXPECT_EQ(view->dtype, view->shape.size() == 2 ? matrix_dtype : TensorDtype::kF32) << name;
+    std::vector<float> loaded(written->second.size());
+    for (size_t i = 0; i < loaded.size(); ++i) loaded[i] = view->value(static_cast<int64_t>(i));
+    EXPECT_EQ(std::memcmp(loaded.data(), written->second.data(), loaded.size() * 4), 0)
         << name << " differs from what was written";
   }
 }
@@ -90,6 +96,15 @@ size_t written_bytes(const TinyModel& model, const std::string& dtype) {
 size_t written_elements(const TinyModel& model) {
   size_t total = 0;
   for (const auto& [name, values] : model.values) total += values.size();
+  return total;
+}
+
+// Elements of the matrices (2-D tensors) alone.
+size_t written_matrix_elements(const TinyModel& model) {
+  size_t total = 0;
+  for (const auto& [name, values] : model.values) {
+    if (model.shapes.at(name).size() == 2) total += values.size();
+  }
   return total;
 }
 
@@ -121,16 +136,20 @@ TEST(HfLoader, EveryFamilyAndDtypeLoadsTheExactValuesWritten) {
       EXPECT_EQ(weights.config.architecture, family.architecture);
       EXPECT_EQ(weights.config.tied_embeddings, family.tied);
       ASSERT_EQ(weights.layers.size(), 2u);
-      expect_weights_match(weights, model);
+      const TensorDtype stored = dtype == "F32"    ? TensorDtype::kF32
+                                 : dtype == "BF16" ? TensorDtype::kBF16
+                                                   : TensorDtype::kF16;
+      expect_weights_match(weights, model, stored);
+      EXPECT_EQ(weights.mapped_files.size(), 1u);
       if (dtype == "F32") {
         EXPECT_EQ(weights.mapped_bytes, written_bytes(model, dtype));
         EXPECT_EQ(weights.owned_bytes, 0u);
-        EXPECT_EQ(weights.mapped_files.size(), 1u);
         EXPECT_TRUE(weights.owned_buffers.empty());
       } else {
-        EXPECT_EQ(weights.mapped_bytes, 0u);
-        EXPECT_EQ(weights.owned_bytes, written_elements(model) * sizeof(float));
-        EXPECT_TRUE(weights.mapped_files.empty()) << "fully widened files need not stay mapped";
+        // Matrices in place at two bytes an element; only the vectors are widened copies.
+        const size_t matrix_elements = written_matrix_elements(model);
+        EXPECT_EQ(weights.mapped_bytes, matrix_elements * 2);
+        EXPECT_EQ(weights.owned_bytes, (written_elements(model) - matrix_elements) * sizeof(float));
       }
     }
   }
@@ -149,17 +168,23 @@ TEST(HfLoader, FamilyFlagsDecideWhichTensorsAreLoaded) {
   EXPECT_EQ(qwen2.layers[1].k_bias.shape, (std::vector<int64_t>{8}));  // 2 kv heads x head_dim 4
 }
 
-TEST(HfLoader, F32ViewsPointIntoTheMapping) {
-  TempFolder folder("hf-inplace");
-  testing::write_tiny_model(folder.path(), TinyModelSpec{});
-  const ModelWeights weights = load_hf_model(folder.path());
-  ASSERT_EQ(weights.mapped_files.size(), 1u);
-  const MappedFile& file = weights.mapped_files.front();
-  const auto* begin = reinterpret_cast<const float*>(file.data());
-  const auto* end = reinterpret_cast<const float*>(file.data() + file.size());
-  for (const auto& [name, view] : named_views(weights)) {
-    if (view->empty()) continue;
-    EXPECT_TRUE(view->data >= begin && view->data + view->numel() <= end) << name;
+TEST(HfLoader, MatricesPointIntoTheMappingInTheirStoredType) {
+  for (const std::string dtype : {"F32", "BF16", "F16"}) {
+    SCOPED_TRACE(dtype);
+    TempFolder folder("hf-inplace");
+    TinyModelSpec spec;
+    spec.dtype = dtype;
+    testing::write_tiny_model(folder.path(), spec);
+    const ModelWeights weights = load_hf_model(folder.path());
+    ASSERT_EQ(weights.mapped_files.size(), 1u);
+    const MappedFile& file = weights.mapped_files.front();
+    const uint8_t* begin = file.data();
+    const uint8_t* end = file.data() + file.size();
+    for (const auto& [name, view] : named_views(weights)) {
+      if (view->empty() || (view->shape.size() == 1 && dtype != "F32")) continue;
+      const auto* data = static_cast<const uint8_t*>(view->data);
+      EXPECT_TRUE(data >= begin && data + view->byte_size() <= end) << name;
+    }
   }
 }
 
@@ -175,8 +200,8 @@ TEST(HfLoader, ShardedIndexLoadsEveryShardOnce) {
     ASSERT_EQ(model.weight_files.size(), 3u);
     ASSERT_FALSE(std::filesystem::exists(folder.file("model.safetensors")));
     const ModelWeights weights = load_hf_model(folder.path());
-    expect_weights_match(weights, model);
-    EXPECT_EQ(weights.mapped_files.size(), dtype == "F32" ? 3u : 0u);
+    expect_weights_match(weights, model, dtype == "F32" ? TensorDtype::kF32 : TensorDtype::kBF16);
+    EXPECT_EQ(weights.mapped_files.size(), 3u);
   }
 }
 
@@ -501,6 +526,62 @@ TEST(HfLoaderErrors, CorruptShardIsNamed) {
   testing::write_safetensors_raw(folder.file(model.weight_files[1]), "{}", "", 4096);
   EXPECT_TRUE(mentions_all(load_error(folder.path()),
                            {folder.file(model.weight_files[1]), "past the end"}));
+}
+
+// `weights` with every matrix widened to fp32 in buffers of its own (vectors are fp32 already).
+ModelWeights widened_to_fp32(const ModelWeights& weights) {
+  ModelWeights widened;
+  widened.config = weights.config;
+  widened.final_norm = weights.final_norm;
+  const auto widen = [&widened](const WeightView& view) {
+    if (view.empty() || view.dtype == TensorDtype::kF32) return view;
+    auto buffer = std::make_unique<float[]>(static_cast<size_t>(view.numel()));
+    for (int64_t i = 0; i < view.numel(); ++i) buffer[i] = view.value(i);
+    WeightView copy{buffer.get(), view.shape};
+    widened.owned_buffers.push_back(std::move(buffer));
+    return copy;
+  };
+  widened.token_embedding = widen(weights.token_embedding);
+  widened.lm_head = widen(weights.lm_head);
+  for (const LayerWeights& layer : weights.layers) {
+    LayerWeights copy = layer;
+    for (WeightView* matrix : {&copy.q_proj, &copy.k_proj, &copy.v_proj, &copy.o_proj,
+                               &copy.gate_proj, &copy.up_proj, &copy.down_proj}) {
+      *matrix = widen(*matrix);
+    }
+    widened.layers.push_back(copy);
+  }
+  return widened;
+}
+
+// The CPU computes with 16-bit matrices as stored: a BF16 or F16 checkpoint must give, bit for
+// bit, the logits of its own values widened to fp32. An MLP width of 36 takes the down
+// projection through both the vector loop and its scalar tail.
+TEST(HfLoader, SixteenBitCheckpointsComputeTheLogitsOfTheirFp32Widening) {
+  for (const std::string dtype : {"BF16", "F16"}) {
+    SCOPED_TRACE(dtype);
+    TempFolder folder("hf-stored-type");
+    TinyModelSpec spec;
+    spec.dtype = dtype;
+    spec.hidden_size = 24;
+    spec.intermediate_size = 36;
+    spec.attention_bias = true;
+    testing::write_tiny_model(folder.path(), spec);
+    const ModelWeights weights = load_hf_model(folder.path());
+    ASSERT_EQ(weights.layers[0].gate_proj.dtype,
+              dtype == "BF16" ? TensorDtype::kBF16 : TensorDtype::kF16);
+    const ModelWeights widened = widened_to_fp32(weights);
+    ASSERT_EQ(widened.layers[0].gate_proj.dtype, TensorDtype::kF32);
+    const std::vector<int32_t> tokens = {1, 7, 3, 39, 12, 5, 0, 21, 8, 30};
+    Transformer as_stored(weights, 64), as_fp32(widened, 64);
+    const std::vector<float> stored_logits = as_stored.forward(tokens, /*all_logits=*/true);
+    const std::vector<float> fp32_logits = as_fp32.forward(tokens, /*all_logits=*/true);
+    ASSERT_EQ(stored_logits.size(), 10u * 40u);
+    ASSERT_EQ(fp32_logits.size(), stored_logits.size());
+    EXPECT_EQ(
+        std::memcmp(stored_logits.data(), fp32_logits.data(), stored_logits.size() * sizeof(float)),
+        0);
+  }
 }
 
 }  // namespace

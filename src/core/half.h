@@ -1,10 +1,13 @@
-// Conversions between fp32 and the 16-bit float formats found in checkpoints.
+// The element types found in checkpoints, and conversions between fp32 and the 16-bit ones.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
 namespace entropyinfer {
+
+// The element types this engine reads and computes with.
+enum class TensorDtype { kF32, kBF16, kF16 };
 
 inline float bf16_to_f32(uint16_t bits) {
   uint32_t wide = static_cast<uint32_t>(bits) << 16;

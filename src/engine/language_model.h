@@ -84,15 +84,21 @@ bool device_available(Device device);
 // Error saying which of the two is missing, when one is.
 void check_device(Device device);
 
+// cuda: prompt tokens per pass through the layers, unless a command is told otherwise. Whole
+// 16k-token chunks keep each product's weights reused across many rows (bench's measured setting).
+constexpr int kDefaultChunkTokens = 16384;
+
 struct EngineOptions {
   Device device = Device::kCpu;
   int context_length = 0;  // 0 means the model's max_position_embeddings
   AttentionConfig attention;
   // cuda: prompt tokens per pass through the layers (bounds activation memory).
-  int chunk_tokens = 8192;
+  int chunk_tokens = kDefaultChunkTokens;
   // cuda: after compression the cache keeps room for this many more tokens (at most the rest of
   // the context); decoding past it is an error.
   int decode_room = 4096;
+  // cuda: called as the weights go up, with (bytes read, bytes in all).
+  std::function<void(int64_t done, int64_t total)> upload_progress;
 };
 
 // The model on `options.device`. The CPU executor reads `weights` in place, which must then

@@ -43,6 +43,7 @@ std::unique_ptr<LanguageModel> make_language_model(const ModelWeights& weights,
   cuda_options.context_length = options.context_length;
   cuda_options.chunk_tokens = options.chunk_tokens;
   cuda_options.decode_room = options.decode_room;
+  cuda_options.upload_progress = options.upload_progress;
   cuda_options.attention = options.attention;
   return std::make_unique<cuda::CudaTransformer>(weights, cuda_options);
 #else

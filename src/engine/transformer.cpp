@@ -26,6 +26,8 @@ constexpr int64_t kChunkTokens = 256;
 // reallocate at every token.
 constexpr int kCacheHeadroom = 256;
 
+cpu::WeightMatrix matrix(const WeightView& view) { return {view.data, view.dtype}; }
+
 // One layer's KV cache: `heads` slabs of [capacity, head_dim] for keys and for values, so that each
 // head's history is contiguous and heads can hold different numbers of entries once compressed.
 struct LayerCache {
@@ -300,8 +302,7 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
   s.gate.resize(chunk * c.intermediate_size);
   s.up.resize(chunk * c.intermediate_size);
   for (int64_t t = 0; t < n; ++t) {
-    const float* row = w.token_embedding.data + static_cast<int64_t>(tokens[t]) * hidden;
-    std::copy(row, row + hidden, s.hidden.data() + t * hidden);
+    w.token_embedding.widen_row(tokens[t], s.hidden.data() + t * hidden);
   }
   const RopeTables rope = rope_tables(c, first_position, n);
 
@@ -327,17 +328,18 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
     for (int64_t t0 = 0; t0 < n; t0 += chunk) {
       const int64_t m = std::min(chunk, n - t0);
       float* q = s.q.data() + t0 * q_width;
-      cpu::rms_norm(s.hidden.data() + t0 * hidden, layer.attn_norm.data, m, hidden, c.rms_norm_eps,
-                    s.normed.data());
-      cpu::linear(s.normed.data(), m, hidden, layer.q_proj.data, layer.q_bias.data, q_width, q);
-      cpu::linear(s.normed.data(), m, hidden, layer.k_proj.data, layer.k_bias.data, kv_width,
+      cpu::rms_norm(s.hidden.data() + t0 * hidden, layer.attn_norm.floats(), m, hidden,
+                    c.rms_norm_eps, s.normed.data());
+      cpu::linear(s.normed.data(), m, hidden, matrix(layer.q_proj), layer.q_bias.floats(), q_width,
+                  q);
+      cpu::linear(s.normed.data(), m, hidden, matrix(layer.k_proj), layer.k_bias.floats(), kv_width,
                   s.k.data());
-      cpu::linear(s.normed.data(), m, hidden, layer.v_proj.data, layer.v_bias.data, kv_width,
+      cpu::linear(s.normed.data(), m, hidden, matrix(layer.v_proj), layer.v_bias.floats(), kv_width,
                   s.v.data());
       if (c.qk_norm) {
-        cpu::rms_norm(q, layer.q_norm.data, m * c.num_heads, head_dim, c.rms_norm_eps, q);
-        cpu::rms_norm(s.k.data(), layer.k_norm.data, m * c.num_kv_heads, head_dim, c.rms_norm_eps,
-                      s.k.data());
+        cpu::rms_norm(q, layer.q_norm.floats(), m * c.num_heads, head_dim, c.rms_norm_eps, q);
+        cpu::rms_norm(s.k.data(), layer.k_norm.floats(), m * c.num_kv_heads, head_dim,
+                      c.rms_norm_eps, s.k.data());
       }
       const float* cos = rope.cos.data() + t0 * half_rotary;
       const float* sin = rope.sin.data() + t0 * half_rotary;
@@ -423,16 +425,16 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
     for (int64_t t0 = last_row_only ? n - 1 : 0; t0 < n; t0 += chunk) {
       const int64_t m = std::min(chunk, n - t0);
       float* residual = s.hidden.data() + t0 * hidden;
-      cpu::linear(s.attention_out.data() + t0 * q_width, m, q_width, layer.o_proj.data,
-                  layer.o_bias.data, hidden, s.projected.data());
+      cpu::linear(s.attention_out.data() + t0 * q_width, m, q_width, matrix(layer.o_proj),
+                  layer.o_bias.floats(), hidden, s.projected.data());
       cpu::add_inplace(residual, s.projected.data(), m * hidden);
-      cpu::rms_norm(residual, layer.mlp_norm.data, m, hidden, c.rms_norm_eps, s.normed.data());
-      cpu::linear(s.normed.data(), m, hidden, layer.gate_proj.data, nullptr, c.intermediate_size,
+      cpu::rms_norm(residual, layer.mlp_norm.floats(), m, hidden, c.rms_norm_eps, s.normed.data());
+      cpu::linear(s.normed.data(), m, hidden, matrix(layer.gate_proj), nullptr, c.intermediate_size,
                   s.gate.data());
-      cpu::linear(s.normed.data(), m, hidden, layer.up_proj.data, nullptr, c.intermediate_size,
+      cpu::linear(s.normed.data(), m, hidden, matrix(layer.up_proj), nullptr, c.intermediate_size,
                   s.up.data());
       cpu::swiglu_inplace(s.gate.data(), s.up.data(), m * c.intermediate_size);
-      cpu::linear(s.gate.data(), m, c.intermediate_size, layer.down_proj.data, nullptr, hidden,
+      cpu::linear(s.gate.data(), m, c.intermediate_size, matrix(layer.down_proj), nullptr, hidden,
                   s.projected.data());
       cpu::add_inplace(residual, s.projected.data(), m * hidden);
     }
@@ -455,9 +457,9 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
   const int64_t first_row = all_logits ? 0 : n - 1;
   for (int64_t t0 = first_row; t0 < n; t0 += chunk) {
     const int64_t m = std::min(chunk, n - t0);
-    cpu::rms_norm(s.hidden.data() + t0 * hidden, w.final_norm.data, m, hidden, c.rms_norm_eps,
+    cpu::rms_norm(s.hidden.data() + t0 * hidden, w.final_norm.floats(), m, hidden, c.rms_norm_eps,
                   s.normed.data());
-    cpu::linear(s.normed.data(), m, hidden, w.lm_head.data, nullptr, vocab,
+    cpu::linear(s.normed.data(), m, hidden, matrix(w.lm_head), nullptr, vocab,
                 logits.data() + (t0 - first_row) * vocab);
   }
   return logits;

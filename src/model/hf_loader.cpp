@@ -32,8 +32,6 @@ using nlohmann::json;
 
 constexpr const char* kSingleFileName = "model.safetensors";
 constexpr const char* kIndexFileName = "model.safetensors.index.json";
-// Tensors below this many elements are widened on one thread: spawning a team costs more.
-constexpr int64_t kParallelWidenThreshold = 1 << 16;
 // How many names an error message lists before it summarises the rest.
 constexpr size_t kNamesListed = 8;
 
@@ -223,14 +221,13 @@ std::unique_ptr<float[]> allocate_floats(int64_t count, const std::string& name)
   try {
     return std::make_unique_for_overwrite<float[]>(static_cast<size_t>(count));
   } catch (const std::bad_alloc&) {
-    throw Error("out of memory widening tensor '" + name + "' to fp32 (" +
+    throw Error("out of memory copying tensor '" + name + "' (" +
                 std::to_string(count * static_cast<int64_t>(sizeof(float))) + " bytes)");
   }
 }
 
 template <float (*Convert)(uint16_t)>
 void widen_16bit(const uint8_t* source, float* destination, int64_t count) {
-#pragma omp parallel for schedule(static) if (count >= kParallelWidenThreshold)
   for (int64_t i = 0; i < count; ++i) {
     uint16_t bits;
     std::memcpy(&bits, source + 2 * i, sizeof(bits));
@@ -308,16 +305,29 @@ ModelWeights load_hf_model(const std::string& folder_text, LoadProgress progress
     const TensorSource& source = catalog.by_name.at(tensor.name);
     const SafetensorsTensor& stored = *source.tensor;
     const int64_t count = stored.numel();
-    tensor.target->shape = stored.shape;
-    const bool aligned = reinterpret_cast<uintptr_t>(stored.data) % alignof(float) == 0;
-    if (stored.dtype == TensorDtype::kF32 && aligned) {
-      tensor.target->data = reinterpret_cast<const float*>(stored.data);
+    WeightView& target = *tensor.target;
+    target.shape = stored.shape;
+    const size_t element_size = dtype_size(stored.dtype);
+    const bool aligned = reinterpret_cast<uintptr_t>(stored.data) % element_size == 0;
+    if (aligned && (stored.shape.size() == 2 || stored.dtype == TensorDtype::kF32)) {
+      // Matrices, and fp32 vectors, are used as stored, straight from the mapping.
+      target.data = stored.data;
+      target.dtype = stored.dtype;
       file_used[source.file_index] = true;
       weights.mapped_bytes += stored.byte_size;
+    } else if (stored.shape.size() == 2) {
+      // Stored at an offset its elements cannot be read from in place: copied, type kept.
+      std::unique_ptr<float[]> buffer = allocate_floats((stored.byte_size + 3) / 4, tensor.name);
+      std::memcpy(buffer.get(), stored.data, stored.byte_size);
+      target.data = buffer.get();
+      target.dtype = stored.dtype;
+      weights.owned_bytes += stored.byte_size;
+      weights.owned_buffers.push_back(std::move(buffer));
     } else {
+      // 16-bit vectors (norms, biases) are widened to fp32, as are fp32 ones stored misaligned.
       std::unique_ptr<float[]> buffer = allocate_floats(count, tensor.name);
       switch (stored.dtype) {
-        case TensorDtype::kF32:  // stored at an offset floats cannot be read from in place
+        case TensorDtype::kF32:
           std::memcpy(buffer.get(), stored.data, stored.byte_size);
           break;
         case TensorDtype::kBF16:
@@ -327,7 +337,8 @@ ModelWeights load_hf_model(const std::string& folder_text, LoadProgress progress
           widen_16bit<f16_to_f32>(stored.data, buffer.get(), count);
           break;
       }
-      tensor.target->data = buffer.get();
+      target.data = buffer.get();
+      target.dtype = TensorDtype::kF32;
       weights.owned_bytes += static_cast<size_t>(count) * sizeof(float);
       weights.owned_buffers.push_back(std::move(buffer));
     }
@@ -336,7 +347,7 @@ ModelWeights load_hf_model(const std::string& folder_text, LoadProgress progress
   }
   if (config.tied_embeddings) weights.lm_head = weights.token_embedding;
 
-  // Only files that views point into stay mapped; the rest were fully widened into owned buffers.
+  // Only files that views point into stay mapped; the rest were fully copied into owned buffers.
   for (size_t i = 0; i < catalog.files.size(); ++i) {
     if (file_used[i]) weights.mapped_files.push_back(catalog.files[i].take_mapping());
   }

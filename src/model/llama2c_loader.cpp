@@ -48,7 +48,7 @@ WeightView layer_slice(const WeightView& stacked, int index) {
   std::vector<int64_t> shape(stacked.shape.begin() + 1, stacked.shape.end());
   int64_t per_layer = 1;
   for (int64_t extent : shape) per_layer *= extent;
-  return WeightView{stacked.data + index * per_layer, std::move(shape)};
+  return WeightView{stacked.floats() + index * per_layer, std::move(shape)};
 }
 
 }  // namespace

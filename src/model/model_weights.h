@@ -1,6 +1,8 @@
-// Weights of one model in the layout the CPU backend computes with: fp32, row-major, each matrix
-// [out_features, in_features] as in PyTorch's nn.Linear. fp32 checkpoints are used in place from
-// the memory map; bf16 and f16 ones are widened once at load time into owned buffers.
+// Weights of one model, row-major, each matrix [out_features, in_features] as in PyTorch's
+// nn.Linear. Matrices keep the element type they are stored in (fp32, bf16 or f16) and are used in
+// place from the memory map, so a 16 GB bf16 checkpoint costs no host memory beyond the page cache;
+// the CPU computes with them as they are and the GPU upload streams them from the mapping. Vectors
+// (norms, biases) are always fp32, widened at load time: they are a few kilobytes per layer.
 #pragma once
 
 #include <cstdint>
@@ -8,20 +10,39 @@
 #include <string>
 #include <vector>
 
+#include "core/half.h"
 #include "core/mapped_file.h"
 #include "model/model_config.h"
 
 namespace entropyinfer {
 
 struct WeightView {
-  const float* data = nullptr;
+  const void* data = nullptr;
+  TensorDtype dtype = TensorDtype::kF32;
   std::vector<int64_t> shape;
+
+  WeightView() = default;
+  WeightView(const float* values, std::vector<int64_t> extents)
+      : data(values), shape(std::move(extents)) {}
+  WeightView(const void* values, TensorDtype type, std::vector<int64_t> extents)
+      : data(values), dtype(type), shape(std::move(extents)) {}
+
   bool empty() const { return data == nullptr; }
   int64_t numel() const {
     int64_t count = 1;
     for (int64_t extent : shape) count *= extent;
     return shape.empty() ? 0 : count;
   }
+  size_t byte_size() const {
+    return static_cast<size_t>(numel()) * (dtype == TensorDtype::kF32 ? 4 : 2);
+  }
+  // The values of an fp32 view (every vector is one); null when empty. Asking a 16-bit matrix
+  // for floats is a programming error and throws.
+  const float* floats() const;
+  // Element `index` as fp32, whatever the stored type.
+  float value(int64_t index) const;
+  // Row `row` of a matrix widened to fp32 into `out` (shape[1] values).
+  void widen_row(int64_t row, float* out) const;
 };
 
 struct LayerWeights {
@@ -45,9 +66,10 @@ struct ModelWeights {
 
   // Storage behind the views.
   std::vector<MappedFile> mapped_files;
+  // Owned storage, in float units whatever it holds (a 16-bit copy takes half as many floats).
   std::vector<std::unique_ptr<float[]>> owned_buffers;
 
-  size_t owned_bytes = 0;   // widened copies
+  size_t owned_bytes = 0;   // copies: widened vectors, tensors stored where they cannot be read
   size_t mapped_bytes = 0;  // used in place
 };
 

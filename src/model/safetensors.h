@@ -14,13 +14,13 @@
 #include <utility>
 #include <vector>
 
+#include "core/half.h"
 #include "core/mapped_file.h"
 
 namespace entropyinfer {
 
-// The element types this engine reads; anything else in a header is rejected by name.
-enum class TensorDtype { kF32, kBF16, kF16 };
-
+// The safetensors name of an element type ("F32", "BF16", "F16"); any other dtype in a header is
+// rejected by name.
 const char* dtype_name(TensorDtype dtype);
 size_t dtype_size(TensorDtype dtype);
 

@@ -56,7 +56,7 @@ inline ModelConfig small_config(int variant) {
 
 inline void round_to_bf16(const WeightView& view) {
   if (view.empty()) return;
-  float* values = const_cast<float*>(view.data);  // the model's own heap buffers
+  float* values = const_cast<float*>(view.floats());  // the model's own heap buffers
   for (int64_t i = 0; i < view.numel(); ++i) values[i] = bf16_to_f32(f32_to_bf16(values[i]));
 }
 
@@ -65,7 +65,7 @@ inline void round_to_bf16(const WeightView& view) {
 inline void perturb(const WeightView& view, uint32_t seed) {
   if (view.empty()) return;
   const auto noise = random_floats(static_cast<size_t>(view.numel()), seed, 0.5f);
-  float* values = const_cast<float*>(view.data);
+  float* values = const_cast<float*>(view.floats());
   for (int64_t i = 0; i < view.numel(); ++i) values[i] += noise[i];
 }
 

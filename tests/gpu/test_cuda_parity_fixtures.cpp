@@ -111,7 +111,7 @@ class PaddedModel {
       const int64_t head = row / head_rows, within = row % head_rows;
       float* target = data + (head * head_rows * kHeadGrowth + within) * width;
       for (int64_t column = 0; column < width; ++column) {
-        target[column] = scale * view.data[row * width + column];
+        target[column] = scale * view.value(row * width + column);
       }
     }
     WeightView grown{data, view.shape};
@@ -128,7 +128,7 @@ class PaddedModel {
       for (int64_t column = 0; column < columns; ++column) {
         const int64_t head = column / head_columns, within = column % head_columns;
         data[row * columns * kHeadGrowth + head * head_columns * kHeadGrowth + within] =
-            view.data[row * columns + column];
+            view.value(row * columns + column);
       }
     }
     return WeightView{data, {rows, columns * kHeadGrowth}};

@@ -108,7 +108,7 @@ TEST(CudaTransformer, NanLogitIsAnErrorNamingTheToken) {
   ModelWeights weights = gpu_exact_model(config, 5);
   const int64_t rows = weights.lm_head.shape[0], width = weights.lm_head.shape[1];
   auto head = std::make_unique<float[]>(static_cast<size_t>(rows * width));
-  std::copy(weights.lm_head.data, weights.lm_head.data + rows * width, head.get());
+  std::copy(weights.lm_head.floats(), weights.lm_head.floats() + rows * width, head.get());
   head[9 * width + 3] = std::nanf("");
   weights.lm_head.data = head.get();
   weights.owned_buffers.push_back(std::move(head));

@@ -41,7 +41,7 @@ struct BenchArgs {
   std::string device = "cpu";
   std::vector<std::string> methods = {"full"};
   std::string markdown_path;
-  int chunk_tokens = 16384;
+  int chunk_tokens = kDefaultChunkTokens;
   bool stage_times = false;
   std::string gemm_tuning;  // empty: the engine's default (burst)
   int profile_decode_step = -1;
@@ -115,18 +115,19 @@ double measure_copy_bandwidth() {
   return best;
 }
 
-// Bytes a single decode step must read: every matrix once (the embedding table only one row).
+// Bytes a single decode step must read: every matrix once, as stored (the embedding table only one
+// row).
 double weight_bytes_per_token(const ModelWeights& weights) {
-  double total = static_cast<double>(weights.lm_head.numel()) + weights.final_norm.numel();
+  double total = static_cast<double>(weights.lm_head.byte_size()) + weights.final_norm.byte_size();
   for (const LayerWeights& layer : weights.layers) {
     for (const WeightView* view :
          {&layer.attn_norm, &layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.q_bias,
           &layer.k_bias, &layer.v_bias, &layer.o_proj, &layer.o_bias, &layer.q_norm, &layer.k_norm,
           &layer.mlp_norm, &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
-      total += static_cast<double>(view->numel());
+      total += static_cast<double>(view->byte_size());
     }
   }
-  return total * sizeof(float);
+  return total;
 }
 
 // What is wrong with the flags both devices share, before any model is built or bandwidth measured.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attention/attention_config.h"
+#include "engine/language_model.h"
 
 namespace entropyinfer::cli {
 
@@ -28,7 +29,7 @@ struct CudaBenchArgs {
   std::vector<int> prompt_tokens;
   int decode_tokens = 256;
   int repetitions = 1;
-  int chunk_tokens = 16384;
+  int chunk_tokens = kDefaultChunkTokens;
   int warmup_tokens = 8192;           // a short prompt run first under every method
   bool stage_times = false;           // one more prefill per row, timed part by part
   std::string gemm_tuning = "burst";  // one of kGemmTuningModes

@@ -1,6 +1,7 @@
 #include "apps/entropyinfer/model_commands.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -59,7 +60,17 @@ std::unique_ptr<LanguageModel> open_language_model(const DeviceFlags& flags, Mod
   options.attention = first;
   options.chunk_tokens = flags.chunk_tokens;
   options.decode_room = decode_room;
-  if (options.device == Device::kCuda) std::fprintf(stderr, "uploading to the GPU...\n");
+  options.upload_progress = [last_percent = -1](int64_t done, int64_t total) mutable {
+    // A terminal gets a line that updates in place; a log gets only the final line.
+    const int percent = static_cast<int>(100 * done / std::max<int64_t>(total, 1));
+    const bool finished = done == total;
+    if ((isatty(STDERR_FILENO) && percent != last_percent) || finished) {
+      std::fprintf(stderr, "\ruploading to the GPU: %3d%% of %.1f MiB%s", percent,
+                   total / 1048576.0, finished ? "\n" : "");
+      std::fflush(stderr);
+    }
+    last_percent = percent;
+  };
   std::unique_ptr<LanguageModel> model = make_language_model(weights, options);
   const std::string memory = model->memory_description();
   if (!memory.empty()) std::fprintf(stderr, "%s\n", memory.c_str());

@@ -36,8 +36,8 @@ struct DeviceFlags {
   // Far above any CPU this runs on; OpenMP crashes creating 100,000 threads.
   static constexpr int kMaxThreads = 1024;
   std::string device = "cpu";
-  int threads = 0;          // CPU threads; 0 leaves OpenMP's default
-  int chunk_tokens = 8192;  // cuda: prompt tokens per matrix-product pass
+  int threads = 0;                         // CPU threads; 0 leaves OpenMP's default
+  int chunk_tokens = kDefaultChunkTokens;  // cuda: prompt tokens per matrix-product pass
 
   void add_to(CLI::App* command);
   // Error for a device other than "cpu" or "cuda", for cuda in a build without the CUDA backend,

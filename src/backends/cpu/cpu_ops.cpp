@@ -4,31 +4,80 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backends/cpu/attention_tile.h"
 #include "backends/cpu/inline_dot.h"
 #include "core/error.h"
+#include "core/half.h"
+
+// Template helpers returning vectors are always inlined (inline_dot.h on -Wpsabi); GCC reports
+// their instantiations at the end of the file, past any push/pop around them.
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace entropyinfer::cpu {
 namespace {
+
+// The weight element types a product reads, each turned into eight fp32 lanes at a time. The
+// conversions are exact (bf16 and f16 are subsets of fp32), so a 16-bit matrix gives the same sums
+// as its widened copy would.
+template <TensorDtype Type>
+using WeightElement = std::conditional_t<Type == TensorDtype::kF32, float, uint16_t>;
+
+// Eight 16-bit lanes, unaligned.
+typedef uint16_t Bits8 __attribute__((vector_size(16), aligned(2)));
+
+template <TensorDtype Type>
+[[gnu::always_inline]] inline Float8 load_weights8(const WeightElement<Type>* source) {
+  if constexpr (Type == TensorDtype::kF32) {
+    return load8(source);
+  } else {
+    const Int8 bits = __builtin_convertvector(*reinterpret_cast<const Bits8*>(source), Int8);
+    if constexpr (Type == TensorDtype::kBF16) {
+      return std::bit_cast<Float8>(bits << 16);
+    } else {
+      // f16: exponent and mantissa moved into fp32's fields, then scaled by 2^(127-15), which is
+      // exact for normal and subnormal values; infinities and NaNs get fp32's all-ones exponent.
+      const Int8 magnitude = (bits & 0x7fff) << 13;
+      const Float8 scaled = std::bit_cast<Float8>(magnitude) * splat8(0x1p112f);
+      const Int8 special = magnitude | 0x7f800000;
+      const Int8 finite = std::bit_cast<Int8>(scaled);
+      const Int8 value = (bits & 0x7c00) == 0x7c00 ? special : finite;
+      return std::bit_cast<Float8>(value | ((bits & 0x8000) << 16));
+    }
+  }
+}
+
+template <TensorDtype Type>
+[[gnu::always_inline]] inline float load_weight(const WeightElement<Type>* source) {
+  if constexpr (Type == TensorDtype::kF32) {
+    return *source;
+  } else if constexpr (Type == TensorDtype::kBF16) {
+    return bf16_to_f32(*source);
+  } else {
+    return f16_to_f32(*source);
+  }
+}
 
 // Dot products of `Rows` weight rows with `Tokens` activation rows, each of length `in`. All Rows x
 // Tokens sums stay in registers while the shared k loop streams both operands once.
 // The helpers below are always inlined into linear_chunk, the function cloned per instruction set:
 // a call to a separate function would run that function's portable code (inline_dot.h).
-template <int Rows, int Tokens>
-[[gnu::always_inline]] inline void dot_block(const float* const* w_rows, const float* const* x_rows,
-                                             int64_t in, float (&result)[Rows][Tokens]) {
+template <TensorDtype Type, int Rows, int Tokens>
+[[gnu::always_inline]] inline void dot_block(const WeightElement<Type>* const* w_rows,
+                                             const float* const* x_rows, int64_t in,
+                                             float (&result)[Rows][Tokens]) {
   Float8 acc[Rows][Tokens] = {};
   int64_t k = 0;
   for (; k + 8 <= in; k += 8) {
     Float8 wv[Rows];
-    for (int r = 0; r < Rows; ++r) wv[r] = *reinterpret_cast<const Float8*>(w_rows[r] + k);
+    for (int r = 0; r < Rows; ++r) wv[r] = load_weights8<Type>(w_rows[r] + k);
     for (int t = 0; t < Tokens; ++t) {
       Float8 xv = *reinterpret_cast<const Float8*>(x_rows[t] + k);
       for (int r = 0; r < Rows; ++r) acc[r][t] += wv[r] * xv;
@@ -37,22 +86,25 @@ template <int Rows, int Tokens>
   for (int r = 0; r < Rows; ++r) {
     for (int t = 0; t < Tokens; ++t) {
       float sum = horizontal_sum8(acc[r][t]);
-      for (int64_t kk = k; kk < in; ++kk) sum += w_rows[r][kk] * x_rows[t][kk];
+      // An explicit fused multiply-add, so that whether the compiler contracts this tail does
+      // not depend on how the weight was converted: every weight type sums alike.
+      for (int64_t kk = k; kk < in; ++kk)
+        sum = __builtin_fmaf(load_weight<Type>(w_rows[r] + kk), x_rows[t][kk], sum);
       result[r][t] = sum;
     }
   }
 }
 
-template <int Rows, int Tokens>
+template <TensorDtype Type, int Rows, int Tokens>
 [[gnu::always_inline]] inline void linear_tile(const float* x, int64_t t0, int64_t in,
-                                               const float* w, const float* bias, int64_t o0,
-                                               int64_t out, float* y) {
-  const float* w_rows[Rows];
+                                               const WeightElement<Type>* w, const float* bias,
+                                               int64_t o0, int64_t out, float* y) {
+  const WeightElement<Type>* w_rows[Rows];
   const float* x_rows[Tokens];
   for (int r = 0; r < Rows; ++r) w_rows[r] = w + (o0 + r) * in;
   for (int t = 0; t < Tokens; ++t) x_rows[t] = x + (t0 + t) * in;
   float result[Rows][Tokens];
-  dot_block<Rows, Tokens>(w_rows, x_rows, in, result);
+  dot_block<Type, Rows, Tokens>(w_rows, x_rows, in, result);
   for (int r = 0; r < Rows; ++r) {
     float b = bias != nullptr ? bias[o0 + r] : 0.0f;
     for (int t = 0; t < Tokens; ++t) y[(t0 + t) * out + o0 + r] = result[r][t] + b;
@@ -61,31 +113,55 @@ template <int Rows, int Tokens>
 
 // Rows of one tile for a given token count: a 3x4 tile keeps 12 accumulators plus the operands
 // within 16 vector registers; a single token (decode) reads 4 weight rows per pass.
-template <int Tokens>
+template <TensorDtype Type, int Tokens>
 [[gnu::always_inline]] inline void linear_rows(const float* x, int64_t t0, int64_t in,
-                                               const float* w, const float* bias, int64_t row_begin,
-                                               int64_t row_end, int64_t out, float* y) {
+                                               const WeightElement<Type>* w, const float* bias,
+                                               int64_t row_begin, int64_t row_end, int64_t out,
+                                               float* y) {
   constexpr int kRows = Tokens == 1 ? 4 : 3;
   int64_t o = row_begin;
   for (; o + kRows <= row_end; o += kRows)
-    linear_tile<kRows, Tokens>(x, t0, in, w, bias, o, out, y);
-  for (; o < row_end; ++o) linear_tile<1, Tokens>(x, t0, in, w, bias, o, out, y);
+    linear_tile<Type, kRows, Tokens>(x, t0, in, w, bias, o, out, y);
+  for (; o < row_end; ++o) linear_tile<Type, 1, Tokens>(x, t0, in, w, bias, o, out, y);
 }
 
-// Output rows [row_begin, row_end) for every token. Cloned by CPU features (x86-64-v3 where the CPU
-// has it, on Intel and AMD alike), with everything it calls inlined.
-ENTROPYINFER_SIMD_CLONES void linear_chunk(const float* x, int64_t tokens, int64_t in,
-                                           const float* w, const float* bias, int64_t out, float* y,
-                                           int64_t row_begin, int64_t row_end) {
+// Output rows [row_begin, row_end) for every token.
+template <TensorDtype Type>
+[[gnu::always_inline]] inline void linear_chunk(const float* x, int64_t tokens, int64_t in,
+                                                const void* w, const float* bias, int64_t out,
+                                                float* y, int64_t row_begin, int64_t row_end) {
+  const auto* rows = static_cast<const WeightElement<Type>*>(w);
   int64_t t = 0;
-  for (; t + 4 <= tokens; t += 4) linear_rows<4>(x, t, in, w, bias, row_begin, row_end, out, y);
-  for (; t < tokens; ++t) linear_rows<1>(x, t, in, w, bias, row_begin, row_end, out, y);
+  for (; t + 4 <= tokens; t += 4)
+    linear_rows<Type, 4>(x, t, in, rows, bias, row_begin, row_end, out, y);
+  for (; t < tokens; ++t) linear_rows<Type, 1>(x, t, in, rows, bias, row_begin, row_end, out, y);
+}
+
+// One function per weight type, each cloned by CPU features (x86-64-v3 where the CPU has it, on
+// Intel and AMD alike), with everything it calls inlined.
+ENTROPYINFER_SIMD_CLONES void linear_chunk_f32(const float* x, int64_t tokens, int64_t in,
+                                               const void* w, const float* bias, int64_t out,
+                                               float* y, int64_t row_begin, int64_t row_end) {
+  linear_chunk<TensorDtype::kF32>(x, tokens, in, w, bias, out, y, row_begin, row_end);
+}
+ENTROPYINFER_SIMD_CLONES void linear_chunk_bf16(const float* x, int64_t tokens, int64_t in,
+                                                const void* w, const float* bias, int64_t out,
+                                                float* y, int64_t row_begin, int64_t row_end) {
+  linear_chunk<TensorDtype::kBF16>(x, tokens, in, w, bias, out, y, row_begin, row_end);
+}
+ENTROPYINFER_SIMD_CLONES void linear_chunk_f16(const float* x, int64_t tokens, int64_t in,
+                                               const void* w, const float* bias, int64_t out,
+                                               float* y, int64_t row_begin, int64_t row_end) {
+  linear_chunk<TensorDtype::kF16>(x, tokens, in, w, bias, out, y, row_begin, row_end);
 }
 
 }  // namespace
 
-void linear(const float* x, int64_t tokens, int64_t in, const float* w, const float* bias,
+void linear(const float* x, int64_t tokens, int64_t in, WeightMatrix w, const float* bias,
             int64_t out, float* y) {
+  auto* chunk_of_rows = w.dtype == TensorDtype::kF32    ? &linear_chunk_f32
+                        : w.dtype == TensorDtype::kBF16 ? &linear_chunk_bf16
+                                                        : &linear_chunk_f16;
   // Rows are split into chunks small enough that a chunk of weights stays in L2 while every token
   // block passes over it.
   const int64_t row_chunk =
@@ -94,7 +170,8 @@ void linear(const float* x, int64_t tokens, int64_t in, const float* w, const fl
 #pragma omp parallel for schedule(static) if (tokens * in * out > (1 << 16))
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int64_t row_begin = chunk * row_chunk;
-    linear_chunk(x, tokens, in, w, bias, out, y, row_begin, std::min(out, row_begin + row_chunk));
+    chunk_of_rows(x, tokens, in, w.data, bias, out, y, row_begin,
+                  std::min(out, row_begin + row_chunk));
   }
 }
 

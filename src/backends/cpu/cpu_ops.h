@@ -6,12 +6,25 @@
 #include <cstdint>
 #include <span>
 
+#include "core/half.h"
+
 namespace entropyinfer::cpu {
 
+// A weight matrix as the checkpoint stores it: [out, in] row-major elements of `dtype`.
+struct WeightMatrix {
+  const void* data = nullptr;
+  TensorDtype dtype = TensorDtype::kF32;
+};
+
 // y[t][o] = sum_k x[t][k] * w[o][k] (+ bias[o]); x is [tokens, in], w is [out, in] (nn.Linear
-// layout), y is [tokens, out]. bias may be null.
-void linear(const float* x, int64_t tokens, int64_t in, const float* w, const float* bias,
+// layout), y is [tokens, out]. bias may be null. 16-bit weights are read as stored and widened in
+// registers; sums are fp32 either way.
+void linear(const float* x, int64_t tokens, int64_t in, WeightMatrix w, const float* bias,
             int64_t out, float* y);
+inline void linear(const float* x, int64_t tokens, int64_t in, const float* w, const float* bias,
+                   int64_t out, float* y) {
+  linear(x, tokens, in, WeightMatrix{w, TensorDtype::kF32}, bias, out, y);
+}
 
 // out[t] = x[t] / rms(x[t]) * weight, rows of `size`; out may alias x.
 void rms_norm(const float* x, const float* weight, int64_t rows, int64_t size, float eps,

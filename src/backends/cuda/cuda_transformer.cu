@@ -15,6 +15,7 @@
 #include "backends/cuda/prefill_estimate.h"
 #include "backends/cuda/prefill_qkv_epilogue.h"
 #include "backends/cuda/ragged_decode.h"
+#include "backends/cuda/weight_upload.h"
 #include "core/error.h"
 #include "core/stopwatch.h"
 #include "engine/rope.h"
@@ -536,24 +537,27 @@ struct CudaTransformer::State {
     return shape;
   }
 
-  // Host fp32 -> device bf16 through a device staging buffer (the conversion runs on the GPU).
-  void upload_bf16(DeviceBuffer<bf16>& target, size_t offset, const float* source, size_t count,
-                   DeviceBuffer<float>& staging) {
-    for (size_t done = 0; done < count;) {
-      const size_t piece = std::min(staging.size(), count - done);
-      staging.upload(source + done, piece);
-      to_bf16(staging.data(), static_cast<int64_t>(piece), target.data() + offset + done, stream);
-      check(cudaStreamSynchronize(stream), "weight upload");
-      done += piece;
-    }
-  }
   void upload_floats(DeviceBuffer<float>& target, size_t offset, const WeightView& view) {
     if (view.empty()) return;
-    target.upload(view.data, static_cast<size_t>(view.numel()), offset);
+    target.upload(view.floats(), static_cast<size_t>(view.numel()), offset);
   }
 
   void load(const ModelWeights& weights) {
-    DeviceBuffer<float> staging(size_t{16} << 20);
+    WeightUploader uploader(stream);
+    int64_t total_bytes =
+        static_cast<int64_t>(weights.token_embedding.byte_size() +
+                             (config.tied_embeddings ? 0 : weights.lm_head.byte_size()));
+    for (const LayerWeights& layer : weights.layers) {
+      for (const WeightView* matrix : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,
+                                       &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
+        total_bytes += static_cast<int64_t>(matrix->byte_size());
+      }
+    }
+    const auto report = [&] {
+      if (options.upload_progress) {
+        options.upload_progress(static_cast<int64_t>(uploader.bytes_read()), total_bytes);
+      }
+    };
     auto expect = [](const WeightView& view, int64_t count, const char* name) {
       if (view.empty() || view.numel() != count) {
         throw Error(std::string("weights: ") + name + " has " + std::to_string(view.numel()) +
@@ -571,14 +575,13 @@ struct CudaTransformer::State {
       expect(source.up_proj, w.intermediate * w.hidden, "up_proj");
       expect(source.down_proj, w.hidden * w.intermediate, "down_proj");
       // Fused products: rows of q, then k, then v; rows of gate, then up.
-      upload_bf16(layer.qkv, 0, source.q_proj.data, w.q * w.hidden, staging);
-      upload_bf16(layer.qkv, w.q * w.hidden, source.k_proj.data, w.kv * w.hidden, staging);
-      upload_bf16(layer.qkv, (w.q + w.kv) * w.hidden, source.v_proj.data, w.kv * w.hidden, staging);
-      upload_bf16(layer.o, 0, source.o_proj.data, w.hidden * w.q, staging);
-      upload_bf16(layer.gate_up, 0, source.gate_proj.data, w.intermediate * w.hidden, staging);
-      upload_bf16(layer.gate_up, w.intermediate * w.hidden, source.up_proj.data,
-                  w.intermediate * w.hidden, staging);
-      upload_bf16(layer.down, 0, source.down_proj.data, w.hidden * w.intermediate, staging);
+      uploader.upload(source.q_proj, layer.qkv.data());
+      uploader.upload(source.k_proj, layer.qkv.data() + w.q * w.hidden);
+      uploader.upload(source.v_proj, layer.qkv.data() + (w.q + w.kv) * w.hidden);
+      uploader.upload(source.o_proj, layer.o.data());
+      uploader.upload(source.gate_proj, layer.gate_up.data());
+      uploader.upload(source.up_proj, layer.gate_up.data() + w.intermediate * w.hidden);
+      uploader.upload(source.down_proj, layer.down.data());
       upload_floats(layer.attn_norm, 0, source.attn_norm);
       upload_floats(layer.mlp_norm, 0, source.mlp_norm);
       if (config.qkv_bias) {
@@ -591,14 +594,17 @@ struct CudaTransformer::State {
         upload_floats(layer.q_norm, 0, source.q_norm);
         upload_floats(layer.k_norm, 0, source.k_norm);
       }
+      report();
     }
     expect(weights.token_embedding, w.vocab * w.hidden, "token_embedding");
-    upload_bf16(embedding, 0, weights.token_embedding.data, w.vocab * w.hidden, staging);
+    uploader.upload(weights.token_embedding, embedding.data());
     if (!config.tied_embeddings) {
       expect(weights.lm_head, w.vocab * w.hidden, "lm_head");
-      upload_bf16(lm_head, 0, weights.lm_head.data, w.vocab * w.hidden, staging);
+      uploader.upload(weights.lm_head, lm_head.data());
     }
     upload_floats(final_norm, 0, weights.final_norm);
+    uploader.finish();
+    report();
   }
 
   void randomize(uint64_t seed) {

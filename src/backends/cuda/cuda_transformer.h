@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -22,8 +23,10 @@
 namespace entropyinfer::cuda {
 
 struct CudaModelOptions {
-  int context_length = 0;     // 0 means the model's max_position_embeddings
-  int chunk_tokens = 8192;    // prompt tokens per pass through the layers
+  int context_length = 0;                  // 0 means the model's max_position_embeddings
+  int chunk_tokens = kDefaultChunkTokens;  // prompt tokens per pass through the layers
+  // Called as the weights go up, with (bytes read, bytes in all); may be empty.
+  std::function<void(int64_t done, int64_t total)> upload_progress;
   AttentionConfig attention;  // prefill and decode methods with their parameters
   // Full-attention prompts (from position 0) also run layer by layer, one attention launch per
   // layer over the whole prompt. Sparse prefill methods always do. Either costs context * (4 *
