@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
 
 #include "core/error.h"
 #include "core/json_reader.h"
@@ -88,6 +90,15 @@ double peak_resident_mib() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return usage.ru_maxrss / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+double resident_anonymous_mib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("RssAnon:", 0) == 0) return std::strtod(line.c_str() + 8, nullptr) / 1024.0;
+  }
+  return 0.0;
 }
 
 }  // namespace entropyinfer::cli

@@ -25,5 +25,8 @@ std::string read_prompt(const std::string& prompt, const std::string& prompt_fil
 LanguageModel::ProgressCallback prefill_progress_printer();
 
 double peak_resident_mib();
+// Host memory the process owns (RssAnon: heap and other anonymous pages), which unlike the
+// resident size leaves out a memory-mapped checkpoint's page cache; 0 where /proc is not there.
+double resident_anonymous_mib();
 
 }  // namespace entropyinfer::cli

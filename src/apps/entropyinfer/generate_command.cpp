@@ -1,5 +1,6 @@
 // `entropyinfer generate`: load a model, tokenize the prompt (optionally as a chat), stream the
 // continuation, and end with a timing summary.
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include "apps/entropyinfer/flag_checks.h"
 #include "apps/entropyinfer/model_commands.h"
 #include "core/error.h"
+#include "core/stopwatch.h"
 #include "engine/generation.h"
 #include "engine/language_model.h"
 #include "tokenizer/chat_format.h"
@@ -32,6 +34,7 @@ struct GenerateArgs {
   std::string sampler = "standard";
   std::vector<std::string> stop;
   bool no_bos = false;
+  bool ignore_eos = false;
   bool quiet = false;
   bool chat = false;
   std::string system;
@@ -54,6 +57,7 @@ void run_generate(const GenerateArgs& args) {
 
   const AttentionConfig attention = args.attention.resolve();
   const std::string prompt_text = read_prompt(args.prompt, args.prompt_file);
+  const auto load_start = std::chrono::steady_clock::now();
   ModelWeights weights = load_model_with_progress(args.model);
   const ModelConfig model_config = weights.config;
   std::unique_ptr<Tokenizer> tokenizer = find_tokenizer(args.model, args.tokenizer);
@@ -95,6 +99,10 @@ void run_generate(const GenerateArgs& args) {
   }
   const std::unique_ptr<LanguageModel> model = open_language_model(
       args.device, weights, context, attention, /*decode_room=*/std::max(args.max_tokens, 1));
+  if (!args.quiet) {
+    std::fprintf(stderr, "model ready in %.2f s | host anonymous memory %.0f MiB\n",
+                 seconds_since(load_start), resident_anonymous_mib());
+  }
   if (static_cast<int64_t>(prompt.size()) > model->context_length()) {
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the " +
                 std::to_string(model->context_length()) + "-token context");
@@ -107,7 +115,7 @@ void run_generate(const GenerateArgs& args) {
   options.max_tokens =
       std::min<int>(args.max_tokens, model->context_length() - static_cast<int>(prompt.size()));
   options.sampler = sampler;
-  options.stop_token_ids = stop_token_ids(model_config, *tokenizer);
+  if (!args.ignore_eos) options.stop_token_ids = stop_token_ids(model_config, *tokenizer);
   options.stop_strings = stop_strings;
 
   // Like llama.cpp, show a plain prompt before its continuation (a chat shows only the answer).
@@ -125,13 +133,15 @@ void run_generate(const GenerateArgs& args) {
   if (!args.quiet) {
     std::fprintf(stderr,
                  "\nprompt tokens: %d | prefill: %.3f s (%.1f tokens/s) | generated: %zu tokens, "
-                 "decode %.1f tokens/s | stop: %s | KV cache %.1f MiB | peak memory %.1f MiB | "
-                 "%s\n",
+                 "decode %.1f tokens/s | end to end %.3f s | stop: %s | KV cache %.1f MiB | peak "
+                 "memory %.1f MiB "
+                 "(anonymous now %.0f MiB) | %s\n",
                  result.prompt_tokens, result.prefill_seconds,
                  result.prompt_tokens / std::max(result.prefill_seconds, 1e-9),
                  result.tokens.size(), result.decode_steps / std::max(result.decode_seconds, 1e-9),
-                 result.stop_reason.c_str(), model->kv_cache_bytes() / 1048576.0,
-                 peak_resident_mib(), model->device_name().c_str());
+                 result.prefill_seconds + result.decode_seconds, result.stop_reason.c_str(),
+                 model->kv_cache_bytes() / 1048576.0, peak_resident_mib(), resident_anonymous_mib(),
+                 model->device_name().c_str());
     if (attention.prefill != PrefillMethod::kFull || attention.decode != DecodeMethod::kFull) {
       std::fprintf(stderr, "%s\n",
                    describe_attention_work(attention, model->attention_work()).c_str());
@@ -179,6 +189,9 @@ void register_generate(CLI::App& app) {
       ->capture_default_str();
   command->add_option("--stop", args->stop, "Stop when this text appears (repeatable)");
   command->add_flag("--no-bos", args->no_bos, "Do not prepend the BOS token");
+  command->add_flag("--ignore-eos", args->ignore_eos,
+                    "Keep generating past end-of-sequence tokens (for timing; stop strings still "
+                    "apply)");
   command->add_flag("-q,--quiet", args->quiet, "No timing summary");
   command->add_flag("--chat", args->chat,
                     "Wrap the prompt as a user turn in the model's chat format");
