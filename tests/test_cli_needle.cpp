@@ -147,12 +147,14 @@ TEST(CliNeedle, BadInputIsOneClearError) {
   expect_error(run_cli("needle" + model + " --budget 512 --decode-budget 128"), "--decode-budget");
   expect_error(run_cli("needle" + model + " --prefill entropy"), "--methods");
   expect_error(run_cli("needle" + model + " --text-dir /nonexistent/text"), "/nonexistent/text");
-  // A CPU build has no CUDA backend; a CUDA build gets as far as the length check.
+  // A CPU build has no CUDA backend; a CUDA build without a GPU says so; one with a GPU gets as far
+  // as the length check.
   const CommandResult cuda = run_cli("needle" + model + " --device cuda --length 40000");
   EXPECT_EQ(cuda.exit_code, 1) << cuda.err;
-  EXPECT_TRUE(cuda.err.find("error: --device cuda: this build has no CUDA backend") !=
-                  std::string::npos ||
-              cuda.err.find("error: --length 40000") != std::string::npos)
+  EXPECT_TRUE(
+      cuda.err.find("error: --device cuda: this build has no CUDA backend") != std::string::npos ||
+      cuda.err.find("error: --device cuda: no CUDA device is present") != std::string::npos ||
+      cuda.err.find("error: --length 40000") != std::string::npos)
       << cuda.err;
 
   // A model folder without the task word pools.

@@ -47,7 +47,7 @@ if(ENTROPYINFER_BUILD_TESTS)
     ENTROPYINFER_TEST_DEVICE="cuda")
   # Listed when ctest runs rather than after the build, so that building needs no GPU and no driver.
   gtest_discover_tests(entropyinfer_gpu_tests DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
-    PROPERTIES TIMEOUT 1200)
+    PROPERTIES TIMEOUT 1200 LABELS gpu)
 endif()
 
 file(GLOB ENTROPYINFER_GPU_BENCH_SOURCES CONFIGURE_DEPENDS bench/gpu/*.cpp)
