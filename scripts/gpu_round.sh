@@ -6,9 +6,13 @@
 # table last.
 #   OUT            output folder (the device run sets it)
 #   GPU_ROUND      what to run: comma-separated subset of
-#                  build,quality,tests,generate,attention,sparse,model,methods,bench,gemm,tuning,
-#                  profile,needle,capacity (default: all but quality, gemm, tuning, profile, needle and
-#                  capacity)
+#                  build,quality,tests,generate,checkpoint,attention,sparse,model,methods,bench,gemm,
+#                  tuning,profile,needle,capacity (default: all but quality, checkpoint, gemm, tuning,
+#                  profile, needle and capacity)
+#   checkpoint     a 16 GB Llama-3.1-8B-shaped bf16 folder saved by transformers: cold load to ready
+#                  against from_pretrained (CHECKPOINT_LOADS runs each), generate on a
+#                  CHECKPOINT_PROMPT-token prompt (default 130816) per method of METHODS next to bench,
+#                  seeded sampling twice (carry .cache/tokenizers/llama3)
 #   needle         scripts/demo.sh's command on the GPU (16k and 32k; NEEDLE_METHODS; the haystack
 #                  from TEXT_DIR, carry .cache/assets-text)
 #   profile        Nsight Compute over one decode step (PROFILE_STEP, default 30, of a 4096-token
@@ -207,6 +211,58 @@ sys.stdout.write(' '.join(lines) + ' The south pier took on entry 64 a number of
     echo "generate seeded sampling on cuda: DIFFERS run to run" | tee -a "${log}"; step_failed "seeded generate repeat"
   fi
   summary+=("generate: $(( $(date +%s) - start )) s")
+fi
+
+if [[ "${steps}" == *",checkpoint,"* && -x "${build}/entropyinfer" ]]; then
+  # A user's checkpoint as transformers saves it (Llama-3.1-8B shape, random bf16 weights, 4 shards,
+  # 16 GB, carry .cache/tokenizers/llama3): cold-cache load to ready against transformers'
+  # from_pretrained(device_map="cuda") (CHECKPOINT_LOADS alternating runs each, page cache dropped
+  # before every one), then `generate --device cuda` on a CHECKPOINT_PROMPT-token prompt file per
+  # method of METHODS next to `bench` on the same folder and shapes, and seeded sampling twice.
+  section checkpoint
+  start=$(date +%s)
+  checkpoint=/tmp/llama-3.1-8b-bf16
+  prompt_tokens="${CHECKPOINT_PROMPT:-130816}"
+  prompt_file=/tmp/checkpoint-prompt.txt
+  python3 "${repo_root}/bench/gpu/make_hf_checkpoint.py" --out "${checkpoint}" \
+    --tokenizer "${repo_root}/.cache/tokenizers/llama3/tokenizer.json" --prompt-file "${prompt_file}" \
+    --prompt-tokens "${prompt_tokens}" 2>> "${log}" | tee -a "${log}" "${out}/checkpoint-make.json" ||
+    step_failed "making the checkpoint"
+  drop_page_cache() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+  : > "${out}/checkpoint-loads.txt"
+  for run in $(seq "${CHECKPOINT_LOADS:-2}"); do
+    drop_page_cache
+    python3 "${repo_root}/bench/gpu/hf_load_time.py" "${checkpoint}" 2>> "${log}" |
+      tee -a "${log}" "${out}/checkpoint-loads.txt" || step_failed "transformers load"
+    drop_page_cache
+    "${build}/entropyinfer" generate -m "${checkpoint}" -p "Hello" -n 1 --device cuda --ignore-eos \
+      > /dev/null 2> /tmp/checkpoint-load.err || step_failed "engine load"
+    grep "model ready" /tmp/checkpoint-load.err | sed "s/^/engine (cold) /" | tee -a "${log}" "${out}/checkpoint-loads.txt"
+  done
+  IFS=, read -r -a checkpoint_methods <<< "${methods}"
+  for method in "${checkpoint_methods[@]}"; do
+    prefill=${method%%+*}; decode=full; [[ ${method} == *+* ]] && decode=${method#*+}
+    timeout -k 10 300 "${build}/entropyinfer" generate -m "${checkpoint}" -f "${prompt_file}" -n "${new_tokens}" \
+      --ignore-eos --device cuda --prefill "${prefill}" --decode "${decode}" > "/tmp/checkpoint-${method}.txt" \
+      2> "/tmp/checkpoint-${method}.err" || step_failed "generate ${method} on the checkpoint"
+    grep -E "model ready|prompt tokens" "/tmp/checkpoint-${method}.err" | sed "s/^/generate ${method}: /" |
+      tee -a "${log}" "${out}/checkpoint-generate.txt"
+  done
+  bench_prompt=$(sed -n 's/.*prompt tokens: \([0-9]*\).*/\1/p' "/tmp/checkpoint-${checkpoint_methods[0]}.err" | head -1)
+  timeout -k 10 400 "${build}/entropyinfer" bench -m "${checkpoint}" --device cuda -p "${bench_prompt:-${prompt_tokens}}" \
+    -n "${new_tokens}" -r 1 --methods "${methods}" --markdown "${out}/checkpoint-bench.md" \
+    --json "${out}/checkpoint-bench.json" 2>> "${log}" | tee -a "${log}" || step_failed "bench on the checkpoint"
+  for run in 1 2; do
+    "${build}/entropyinfer" generate -m "${checkpoint}" -p "The harbour log of the north pier" -n 32 -q \
+      --device cuda -t 0.8 --top-p 0.9 -s 7 > "/tmp/checkpoint-seeded-${run}.txt" 2>> "${log}" ||
+      step_failed "seeded generate on the checkpoint"
+  done
+  if cmp -s /tmp/checkpoint-seeded-1.txt /tmp/checkpoint-seeded-2.txt; then
+    echo "checkpoint seeded sampling on cuda: identical run to run" | tee -a "${log}"
+  else
+    echo "checkpoint seeded sampling on cuda: DIFFERS run to run" | tee -a "${log}"; step_failed "seeded repeat"
+  fi
+  summary+=("checkpoint: $(( $(date +%s) - start )) s")
 fi
 
 if [[ "${steps}" == *",attention,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
