@@ -60,24 +60,38 @@ GenerationResult generate(LanguageModel& model, const Tokenizer& tokenizer,
     if (on_text) on_text(text);
   };
 
-  const auto prefill_start = Clock::now();
-  std::vector<float> logits = model.forward(prompt);
-  const auto prefill_end = Clock::now();
-  result.prefill_seconds = std::chrono::duration<double>(prefill_end - prefill_start).count();
-
   // A model may have more rows than its tokenizer has tokens (vocabularies padded to a multiple of
-  // 64 or 128); those ids have no text, so they are never sampled.
-  const size_t sampled_ids =
-      std::min(logits.size(), static_cast<size_t>(std::max(tokenizer.vocab_size(), 0)));
-  result.stop_reason = "max tokens";
-  bool stopped = false;
-  for (int step = 0; step < options.max_tokens; ++step) {
-    int32_t next = 0;
+  // 64 or 128); those ids have no text, so they are never sampled. Greedy decoding over a
+  // vocabulary the tokenizer covers takes the executor's own argmax, so that one id per step
+  // crosses to the host instead of every logit.
+  const int tokenizer_vocab = std::max(tokenizer.vocab_size(), 0);
+  const bool executor_argmax =
+      options.sampler.temperature == 0.0f && tokenizer_vocab >= model.config().vocab_size;
+  // Runs `tokens` and picks the next token; errors name the generated token they stopped at.
+  const auto run_and_pick = [&](std::span<const int32_t> tokens, int step) -> int32_t {
     try {
-      next = sampler.sample(std::span<float>(logits.data(), sampled_ids));
+      if (executor_argmax) return model.forward_greedy(tokens);
+      std::vector<float> logits = model.forward(tokens);
+      const size_t sampled_ids = std::min(logits.size(), static_cast<size_t>(tokenizer_vocab));
+      return sampler.sample(std::span<float>(logits.data(), sampled_ids));
     } catch (const Error& error) {
       throw Error(std::string(error.what()) + ", at generated token " + std::to_string(step + 1));
     }
+  };
+
+  result.stop_reason = "max tokens";
+  bool stopped = false;
+  if (options.max_tokens == 0) {
+    const auto prefill_start = Clock::now();
+    model.forward(prompt);
+    result.prefill_seconds = std::chrono::duration<double>(Clock::now() - prefill_start).count();
+    return result;
+  }
+  const auto prefill_start = Clock::now();
+  int32_t next = run_and_pick(prompt, 0);
+  const auto prefill_end = Clock::now();
+  result.prefill_seconds = std::chrono::duration<double>(prefill_end - prefill_start).count();
+  for (int step = 0;; ++step) {
     if (std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), next) !=
         options.stop_token_ids.end()) {
       result.stop_reason = "stop token";
@@ -94,7 +108,7 @@ GenerationResult generate(LanguageModel& model, const Tokenizer& tokenizer,
       result.stop_reason = "context full";
       break;
     }
-    logits = model.forward(std::span(&result.tokens.back(), 1));
+    next = run_and_pick(std::span(&result.tokens.back(), 1), step + 1);
     ++result.decode_steps;
   }
   if (!stopped) emit(filter.push(decoder.flush(), stopped));
