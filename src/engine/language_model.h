@@ -49,6 +49,11 @@ class LanguageModel {
   virtual int32_t forward_greedy(std::span<const int32_t> tokens);
 
   virtual void reset() = 0;  // forgets the sequence (and any compression)
+  // Pays once, before any request, what a first request would pay for (an executor's kernel and
+  // algorithm choices, decode graphs): runs a prompt of up to one prompt chunk and a few decode
+  // steps under the current attention policies, then forgets them. Timings after it are steady.
+  // Executors with nothing to warm do nothing.
+  virtual void warm_up() {}
   // Switches the attention policies and forgets the sequence: the same weights measured under
   // several methods. Throws Error naming the problem for an invalid configuration.
   virtual void set_attention(const AttentionConfig& attention) = 0;

@@ -125,15 +125,9 @@ void run_cuda_bench(const CudaBenchArgs& args) {
   for (size_t m = 0; m < methods.size(); ++m) {
     const AttentionConfig& attention = methods[m];
     model->set_attention(attention, layer_major[m]);
-    // Warm-up under this method: cuBLASLt's choices (tuned on a whole chunk's first run, hence a
-    // prompt of more than one chunk), the GEMV configurations, kernel attributes, the graph.
-    {
-      const int warm = std::min(std::max(args.warmup_tokens, args.chunk_tokens + 1), longest);
-      model->reset();
-      int32_t token = model->forward_greedy(random_prompt(warm, config.vocab_size, 1));
-      for (int step = 0; step < std::min(args.decode_tokens, 24); ++step)
-        token = model->forward_greedy(std::span<const int32_t>(&token, 1));
-    }
+    // Warm-up under this method: cuBLASLt's choices (tuned on a whole chunk's first run), the
+    // GEMV configurations, kernel attributes, the graphs.
+    model->warm_up();
     for (const int prompt_length : args.prompt_tokens) {
       const std::vector<int32_t> prompt = random_prompt(prompt_length, config.vocab_size, 2);
       std::vector<double> prefill_s, full_ms, compressed_ms, e2e_s;

@@ -30,7 +30,6 @@ struct CudaBenchArgs {
   int decode_tokens = 256;
   int repetitions = 1;
   int chunk_tokens = kDefaultChunkTokens;
-  int warmup_tokens = 8192;           // a short prompt run first under every method
   bool stage_times = false;           // one more prefill per row, timed part by part
   std::string gemm_tuning = "burst";  // one of kGemmTuningModes
   // >= 0: decode step k of each row's first repetition runs between cudaProfilerStart and

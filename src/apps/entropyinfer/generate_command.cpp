@@ -99,9 +99,16 @@ void run_generate(const GenerateArgs& args) {
   }
   const std::unique_ptr<LanguageModel> model = open_language_model(
       args.device, weights, context, attention, /*decode_room=*/std::max(args.max_tokens, 1));
+  const double load_seconds = seconds_since(load_start);
+  const auto warm_up_start = std::chrono::steady_clock::now();
+  model->warm_up();
+  const double warm_up_seconds = seconds_since(warm_up_start);
   if (!args.quiet) {
-    std::fprintf(stderr, "model ready in %.2f s | host anonymous memory %.0f MiB\n",
-                 seconds_since(load_start), resident_anonymous_mib());
+    std::fprintf(stderr,
+                 "model ready in %.2f s (weights loaded in %.2f s, warm-up %.2f s) | host "
+                 "anonymous memory %.0f MiB\n",
+                 load_seconds + warm_up_seconds, load_seconds, warm_up_seconds,
+                 resident_anonymous_mib());
   }
   if (static_cast<int64_t>(prompt.size()) > model->context_length()) {
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the " +

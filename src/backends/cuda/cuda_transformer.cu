@@ -20,6 +20,7 @@
 #include "core/stopwatch.h"
 #include "engine/rope.h"
 #include "engine/sampler.h"
+#include "model/random_model.h"
 
 namespace entropyinfer::cuda {
 namespace {
@@ -1426,6 +1427,20 @@ int32_t CudaTransformer::forward_greedy(std::span<const int32_t> tokens) {
 }
 
 void CudaTransformer::reset() { state_->reset(); }
+
+void CudaTransformer::warm_up() {
+  constexpr int kDecodeSteps = 24;
+  const int context = context_length();
+  const int steps = std::min(kDecodeSteps, context / 2);
+  const int prompt_tokens =
+      std::max(1, std::min(state_->options.chunk_tokens + 1, context - steps));
+  reset();
+  int32_t token = forward_greedy(random_prompt(prompt_tokens, state_->config.vocab_size, 1));
+  for (int step = 0; step < steps && position() < context; ++step) {
+    token = forward_greedy(std::span<const int32_t>(&token, 1));
+  }
+  reset();
+}
 
 void CudaTransformer::set_attention(const AttentionConfig& attention) {
   set_attention(attention, state_->options.layer_major_prefill);

@@ -94,6 +94,9 @@ class CudaTransformer : public LanguageModel {
   int32_t forward_greedy(std::span<const int32_t> tokens) override;
 
   void reset() override;  // forgets the sequence; a compressed cache is re-allocated at full size
+  // A prompt of chunk_tokens + 1 tokens (so whole-chunk products tune their algorithms) and 24
+  // decode steps (past the latent gap), each within the context.
+  void warm_up() override;
 
   // Switches the attention policies (and forgets the sequence): the same model measured under
   // several methods. Throws Error naming the problem for an invalid configuration, or when the
