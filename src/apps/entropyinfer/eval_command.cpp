@@ -546,12 +546,7 @@ void register_eval(CLI::App& app) {
   command->add_option("--seed", args->seed, "Base seed of the samples (TASKS.md section 2)")
       ->check(seed_value())
       ->capture_default_str();
-  command
-      ->add_option("--methods", args->methods,
-                   "Attention methods, prefill[+decode] each (prefill: full, entropy, "
-                   "critiprefill; decode: full, latent, snapkv, adakv, streaming, pyramidkv)")
-      ->delimiter(',')
-      ->capture_default_str();
+  add_methods_option(command, &args->methods);
   command
       ->add_option("--budgets", args->budgets,
                    "Budget levels, tokens per KV head, applied to every method at once: prefill "

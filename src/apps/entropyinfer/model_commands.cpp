@@ -84,6 +84,15 @@ std::vector<int32_t> stop_token_ids(const ModelConfig& config, const Tokenizer& 
   return ids;
 }
 
+void add_methods_option(CLI::App* command, std::vector<std::string>* methods) {
+  command
+      ->add_option("--methods", *methods,
+                   "Attention methods, prefill[+decode] each (prefill: full, entropy, "
+                   "critiprefill; decode: full, latent, snapkv, adakv, streaming, pyramidkv)")
+      ->delimiter(',')
+      ->capture_default_str();
+}
+
 std::vector<AttentionConfig> parse_methods_flag(const std::vector<std::string>& methods,
                                                 const AttentionConfig& base) {
   if (methods.empty()) throw Error("--methods: give at least one method");

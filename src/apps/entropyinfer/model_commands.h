@@ -60,6 +60,9 @@ std::vector<int32_t> stop_token_ids(const ModelConfig& config, const Tokenizer& 
 
 // "4096" or "4k" -> 4096; anything else is an Error naming the flag.
 
+// Adds --methods (comma-separated "prefill[+decode]" entries) to `command`, filling `methods`.
+void add_methods_option(CLI::App* command, std::vector<std::string>* methods);
+
 // --methods: "prefill[+decode]" each (e.g. full, entropy+latent), none twice, each on `base`;
 // Error naming the bad entry.
 std::vector<AttentionConfig> parse_methods_flag(const std::vector<std::string>& methods,

@@ -428,12 +428,7 @@ void register_needle(CLI::App& app) {
   command->add_option("--seed", args->seed, "Base seed of the sample")
       ->check(seed_value())
       ->capture_default_str();
-  command
-      ->add_option("--methods", args->methods,
-                   "Attention methods, prefill[+decode] each (prefill: full, entropy, "
-                   "critiprefill; decode: full, latent, snapkv, adakv, streaming, pyramidkv)")
-      ->delimiter(',')
-      ->capture_default_str();
+  add_methods_option(command, &args->methods);
   command
       ->add_option("--budget", args->budget,
                    "Tokens per KV head for every method, as eval applies a budget level: prefill "
