@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 
+#include "attention/entropy_budget.h"
 #include "attention/policies.h"
 #include "backends/cpu/inline_dot.h"
 #include "core/error.h"
@@ -167,18 +168,14 @@ std::vector<double> segment_budgets(const double* entropy, int64_t num_segments,
   std::vector<double> budgets(static_cast<size_t>(num_segments), base);
   if (rigid) return budgets;
   for (int64_t s = 1; s < num_segments; ++s) {
-    double ratio = params.delta;
-    if (s >= 2) ratio = (entropy[s] - entropy[s - 1]) / (entropy[s - 1] + 1e-9);
-    ratio = std::clamp(ratio, 0.0, 1.0 + params.delta);
-    budgets[s] =
-        std::clamp(budgets[s - 1] + params.alpha * base * (ratio - params.delta), base, cap);
+    budgets[s] = entropy_budget::next_budget(budgets[s - 1], entropy[s], entropy[s - 1], s, base,
+                                             cap, params.delta, params.alpha);
   }
   return budgets;
 }
 
 int64_t budget_blocks(double budget_tokens, int block_size, int64_t visible) {
-  const auto blocks = static_cast<int64_t>(std::floor(budget_tokens / block_size));
-  return std::clamp<int64_t>(blocks, 0, visible);
+  return entropy_budget::budget_blocks(budget_tokens, block_size, visible);
 }
 
 std::vector<int32_t> top_blocks(const float* scores, int64_t count, int64_t keep) {

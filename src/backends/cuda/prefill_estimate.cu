@@ -24,6 +24,7 @@
 #include <cmath>
 #include <string>
 
+#include "attention/entropy_budget.h"
 #include "backends/cuda/flash_attention_internal.cuh"  // ldmatrix and mma.sync wrappers
 #include "backends/cuda/prefill_estimate.h"
 #include "core/half.h"
@@ -475,22 +476,16 @@ struct BudgetSettings {
   double base;
   double cap;
   double delta;
-  double ratio_ceiling;  // 1 + delta
   double alpha;
   double entropy_threshold;
   double fixed_budget;
 };
 
-// std::clamp's comparisons, in its order.
-__device__ inline double clamp_like_std(double value, double low, double high) {
-  return value < low ? low : (high < value ? high : value);
-}
-
 // One CTA. Each KV head gets a warp: the rigid test is a vote over the head's segments, and the
 // recursion, sequential by nature, runs in all 32 lanes alike while the entropies arrive 32 at a
 // time in one coalesced load (one dependent global load per segment would cost ~0.3 us each). The
-// operations are the CPU's, with __dmul_rn/__dadd_rn keeping nvcc from fusing them into an FMA, so
-// equal entropies give equal budgets to the last bit.
+// arithmetic is the CPU policy's own (entropy_budget.h), so equal entropies give equal budgets to
+// the last bit.
 __global__ __launch_bounds__(kBudgetThreads) void budget_kernel(
     BudgetSettings settings, const double* entropy, double* budgets, int32_t* budget_tokens,
     int32_t* keep, uint8_t* rigid_head, uint8_t* segment_sparse, int32_t* row_offsets,
@@ -521,15 +516,10 @@ __global__ __launch_bounds__(kBudgetThreads) void budget_kernel(
         for (int i = 0; i < steps; ++i) {
           const int s = first + i;
           const double current = __shfl_sync(0xffffffffu, lane_entropy, i);
-          double budget = settings.base;
-          if (!rigid) {
-            double ratio = settings.delta;
-            if (s >= 2) ratio = (current - previous_entropy) / (previous_entropy + 1e-9);
-            ratio = clamp_like_std(ratio, 0.0, settings.ratio_ceiling);
-            const double step =
-                __dmul_rn(__dmul_rn(settings.alpha, settings.base), ratio - settings.delta);
-            budget = clamp_like_std(__dadd_rn(previous, step), settings.base, settings.cap);
-          }
+          const double budget = rigid ? settings.base
+                                      : entropy_budget::next_budget(
+                                            previous, current, previous_entropy, s, settings.base,
+                                            settings.cap, settings.delta, settings.alpha);
           if (lane == i) head_budgets[s] = budget;
           previous = budget;
           previous_entropy = current;
@@ -575,8 +565,8 @@ __global__ __launch_bounds__(kBudgetThreads) void budget_kernel(
       int64_t segment_read = length * (length + 1) / 2;
       if (s >= settings.first_sparse && s < settings.end_sparse) {
         const int64_t visible = static_cast<int64_t>(s) * blocks_per_segment;
-        const auto blocks = static_cast<int64_t>(floor(budget / settings.block_size));
-        kept = static_cast<int32_t>(blocks < 0 ? 0 : (blocks > visible ? visible : blocks));
+        kept = static_cast<int32_t>(
+            entropy_budget::budget_blocks(budget, settings.block_size, visible));
         segment_read += length * kept * settings.block_size;
       } else {
         segment_read += length * start;
@@ -942,7 +932,6 @@ DevicePrefillPlan PrefillEstimator::estimate(const bf16* queries, int64_t q_toke
   settings.base = params_.base_budget;
   settings.cap = static_cast<double>(params_.budget_cap_factor) * settings.base;
   settings.delta = params_.delta;
-  settings.ratio_ceiling = 1.0 + params_.delta;
   settings.alpha = params_.alpha;
   settings.entropy_threshold = params_.entropy_threshold;
   settings.fixed_budget = static_cast<double>(params_.critiprefill_budget);
