@@ -38,12 +38,7 @@ struct ScoreTile {
   static constexpr int kSharedBytes = kQueryBytes + kScoreStages * kKeyTileBytes;
 };
 
-// Rows of kHeadDim bf16 with each 16-byte chunk moved by (row mod 8), so that the 8 rows one
-// ldmatrix reads fall in 8 different bank groups.
-template <int kHeadDim>
-__device__ __forceinline__ uint32_t swizzled(uint32_t tile, int row, int chunk) {
-  return tile + row * (kHeadDim * 2) + ((chunk ^ (row & 7)) << 4);
-}
+using detail::swizzled;
 
 struct WindowParams {
   const bf16* queries = nullptr;  // [window_tokens][q_heads][head_dim]

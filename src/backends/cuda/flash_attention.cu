@@ -12,6 +12,7 @@ namespace entropyinfer::cuda {
 namespace {
 
 using detail::FlashParams;
+using detail::swizzled;
 
 // Prefill: 4 warps of 16 rows on 64-key tiles, double-buffered. Decode: one warp per (KV head,
 // split) on 32-key tiles four stages deep, so that each warp keeps three tiles of loads in flight.
@@ -31,13 +32,6 @@ struct MmaTile {
   static constexpr int kKvTileBytes = kMmaBlockN * kRowBytes;
   static constexpr int kSharedBytes = kBlockM * kRowBytes + 2 * kStages * kKvTileBytes;  // Q, K, V
 };
-
-// Rows of kHeadDim bf16, each 16-byte chunk moved by (row mod 8): the 8 rows one ldmatrix reads hit
-// 8 different bank groups.
-template <int kHeadDim>
-__device__ __forceinline__ uint32_t swizzled(uint32_t tile, int row, int chunk) {
-  return tile + row * (kHeadDim * 2) + ((chunk ^ (row & 7)) << 4);
-}
 
 // kSparse: block-sparse prefill over each tile's virtual key sequence (detail::SparseKeys), one
 // split; the grid is then one-dimensional, row blocks latest first with the KV heads of each side
@@ -192,19 +186,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     const uint32_t v_tile = v_tiles + stage * Tile::kKvTileBytes;
 
     float s[kTilesN][4];
-#pragma unroll
-    for (int j = 0; j < kTilesN; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-#pragma unroll
-      for (int np = 0; np < kTilesN / 2; ++np) {
-        uint32_t b[4];
-        const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-        detail::ldmatrix_x4(b, swizzled<kHeadDim>(k_tile, key, 2 * kk + ((lane >> 3) & 1)));
-        detail::mma_bf16_16816(s[2 * np], qa[kk], b[0], b[1]);
-        detail::mma_bf16_16816(s[2 * np + 1], qa[kk], b[2], b[3]);
-      }
-    }
+    detail::tile_scores<kHeadDim, kTilesN>(s, qa, k_tile, lane);
 
     if ((block + 1) * kMmaBlockN - 1 > min_position + shift) {  // a slot past some row's last
 #pragma unroll
@@ -216,57 +198,8 @@ __global__ void __launch_bounds__(32 * kWarps)
         if (key + 1 > position_b) s[j][3] = -INFINITY;
       }
     }
-    float block_max_a = -INFINITY, block_max_b = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kTilesN; ++j) {
-      block_max_a = fmaxf(block_max_a, fmaxf(s[j][0], s[j][1]));
-      block_max_b = fmaxf(block_max_b, fmaxf(s[j][2], s[j][3]));
-    }
-    const float new_max_a = fmaxf(max_a, detail::quad_max(block_max_a) * p.scale_log2);
-    const float new_max_b = fmaxf(max_b, detail::quad_max(block_max_b) * p.scale_log2);
-    // A row that has seen only masked keys keeps max -inf; exponentiate against 0 then (all terms
-    // 0).
-    const float reference_a = new_max_a == -INFINITY ? 0.0f : new_max_a;
-    const float reference_b = new_max_b == -INFINITY ? 0.0f : new_max_b;
-    const float rescale_a = detail::fast_exp2(max_a - reference_a);
-    const float rescale_b = detail::fast_exp2(max_b - reference_b);
-    max_a = new_max_a;
-    max_b = new_max_b;
-    float block_sum_a = 0.0f, block_sum_b = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kTilesN; ++j) {
-      s[j][0] = detail::fast_exp2(fmaf(s[j][0], p.scale_log2, -reference_a));
-      s[j][1] = detail::fast_exp2(fmaf(s[j][1], p.scale_log2, -reference_a));
-      s[j][2] = detail::fast_exp2(fmaf(s[j][2], p.scale_log2, -reference_b));
-      s[j][3] = detail::fast_exp2(fmaf(s[j][3], p.scale_log2, -reference_b));
-      block_sum_a += s[j][0] + s[j][1];
-      block_sum_b += s[j][2] + s[j][3];
-    }
-    sum_a = sum_a * rescale_a + block_sum_a;
-    sum_b = sum_b * rescale_b + block_sum_b;
-#pragma unroll
-    for (int i = 0; i < kTilesD; ++i) {
-      o[i][0] *= rescale_a;
-      o[i][1] *= rescale_a;
-      o[i][2] *= rescale_b;
-      o[i][3] *= rescale_b;
-    }
-
-#pragma unroll
-    for (int kk = 0; kk < kMmaBlockN / 16; ++kk) {
-      const uint32_t pa[4] = {detail::pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                              detail::pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              detail::pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              detail::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < kTilesD / 2; ++dp) {
-        uint32_t b[4];
-        const int key = 16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3);
-        detail::ldmatrix_x4_trans(b, swizzled<kHeadDim>(v_tile, key, 2 * dp + (lane >> 4)));
-        detail::mma_bf16_16816(o[2 * dp], pa, b[0], b[1]);
-        detail::mma_bf16_16816(o[2 * dp + 1], pa, b[2], b[3]);
-      }
-    }
+    detail::softmax_and_accumulate<kHeadDim, kTilesN>(s, o, v_tile, lane, p.scale_log2, max_a,
+                                                      max_b, sum_a, sum_b);
     __syncthreads();  // the next iteration's loads overwrite the stage read here
   }
   detail::cp_async_wait<0>();

@@ -2,6 +2,7 @@
 // mma.sync, exp2) both kernel files use. Internal to the CUDA backend.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -120,6 +121,98 @@ __device__ __forceinline__ float quad_max(float value) {
 __device__ __forceinline__ float quad_sum(float value) {
   value += __shfl_xor_sync(0xffffffffu, value, 1);
   return value + __shfl_xor_sync(0xffffffffu, value, 2);
+}
+
+// Rows of kHeadDim bf16, each 16-byte chunk moved by (row mod 8): the 8 rows one ldmatrix reads hit
+// 8 different bank groups.
+template <int kHeadDim>
+__device__ __forceinline__ uint32_t swizzled(uint32_t tile, int row, int chunk) {
+  return tile + row * (kHeadDim * 2) + ((chunk ^ (row & 7)) << 4);
+}
+
+// The two halves of one key tile's work for a warp of 16 query rows in mma.sync attention (the
+// prefill kernel and the ragged decode kernel alike; each masks the scores in between). A thread
+// holds rows g and g + 8 of the warp's 16 (its "a" and "b" rows) and, per 8-key column tile, the
+// four scores of columns 2t and 2t + 1 of both.
+//
+// Scores S = Q K^T of the tile (kTilesN 8-key column tiles) from the warp's Q fragments `qa` and
+// the swizzled K tile in shared memory.
+template <int kHeadDim, int kTilesN>
+__device__ __forceinline__ void tile_scores(float (&s)[kTilesN][4],
+                                            const uint32_t (&qa)[kHeadDim / 16][4], uint32_t k_tile,
+                                            int lane) {
+#pragma unroll
+  for (int j = 0; j < kTilesN; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+#pragma unroll
+    for (int np = 0; np < kTilesN / 2; ++np) {
+      uint32_t b[4];
+      const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+      ldmatrix_x4(b, swizzled<kHeadDim>(k_tile, key, 2 * kk + ((lane >> 3) & 1)));
+      mma_bf16_16816(s[2 * np], qa[kk], b[0], b[1]);
+      mma_bf16_16816(s[2 * np + 1], qa[kk], b[2], b[3]);
+    }
+  }
+}
+
+// The online softmax over the tile's (masked) scores, then O += P V from the swizzled V tile: the
+// running maxima (already scaled by scale_log2) and sums of both rows are updated, O rescaled. A
+// row that has seen only masked keys keeps max -inf and exponentiates against 0 (all terms 0).
+template <int kHeadDim, int kTilesN>
+__device__ __forceinline__ void softmax_and_accumulate(float (&s)[kTilesN][4],
+                                                       float (&o)[kHeadDim / 8][4], uint32_t v_tile,
+                                                       int lane, float scale_log2, float& max_a,
+                                                       float& max_b, float& sum_a, float& sum_b) {
+  constexpr int kTilesD = kHeadDim / 8;
+  float block_max_a = -INFINITY, block_max_b = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kTilesN; ++j) {
+    block_max_a = fmaxf(block_max_a, fmaxf(s[j][0], s[j][1]));
+    block_max_b = fmaxf(block_max_b, fmaxf(s[j][2], s[j][3]));
+  }
+  const float new_max_a = fmaxf(max_a, quad_max(block_max_a) * scale_log2);
+  const float new_max_b = fmaxf(max_b, quad_max(block_max_b) * scale_log2);
+  const float reference_a = new_max_a == -INFINITY ? 0.0f : new_max_a;
+  const float reference_b = new_max_b == -INFINITY ? 0.0f : new_max_b;
+  const float rescale_a = fast_exp2(max_a - reference_a);
+  const float rescale_b = fast_exp2(max_b - reference_b);
+  max_a = new_max_a;
+  max_b = new_max_b;
+  float block_sum_a = 0.0f, block_sum_b = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kTilesN; ++j) {
+    s[j][0] = fast_exp2(fmaf(s[j][0], scale_log2, -reference_a));
+    s[j][1] = fast_exp2(fmaf(s[j][1], scale_log2, -reference_a));
+    s[j][2] = fast_exp2(fmaf(s[j][2], scale_log2, -reference_b));
+    s[j][3] = fast_exp2(fmaf(s[j][3], scale_log2, -reference_b));
+    block_sum_a += s[j][0] + s[j][1];
+    block_sum_b += s[j][2] + s[j][3];
+  }
+  sum_a = sum_a * rescale_a + block_sum_a;
+  sum_b = sum_b * rescale_b + block_sum_b;
+#pragma unroll
+  for (int i = 0; i < kTilesD; ++i) {
+    o[i][0] *= rescale_a;
+    o[i][1] *= rescale_a;
+    o[i][2] *= rescale_b;
+    o[i][3] *= rescale_b;
+  }
+#pragma unroll
+  for (int kk = 0; kk < kTilesN / 2; ++kk) {
+    const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
+                            pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                            pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                            pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+    for (int dp = 0; dp < kTilesD / 2; ++dp) {
+      uint32_t b[4];
+      const int key = 16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3);
+      ldmatrix_x4_trans(b, swizzled<kHeadDim>(v_tile, key, 2 * dp + (lane >> 4)));
+      mma_bf16_16816(o[2 * dp], pa, b[0], b[1]);
+      mma_bf16_16816(o[2 * dp + 1], pa, b[2], b[3]);
+    }
+  }
 }
 
 // Where packed row `row` of KV head `kv_head` lives in a [tokens][q_heads][head_dim] tensor.
