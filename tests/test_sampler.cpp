@@ -1,7 +1,9 @@
 // Samplers and stop-string handling.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -54,6 +56,96 @@ TEST(Sampler, FrequenciesFollowSoftmaxAtTemperatureOne) {
       const double sigma = std::sqrt(draws * probabilities[k] * (1 - probabilities[k]));
       EXPECT_NEAR(counts[k], draws * probabilities[k], 5 * sigma) << "token " << k;
     }
+  }
+}
+
+// The distribution a sampler must draw from, computed here in double from the definitions: softmax
+// of logits / T, cut to the k largest, then to the nucleus (the smallest prefix, by probability,
+// whose mass reaches top_p; llama2.c's run.c needs the mass to exceed it), renormalised.
+std::vector<double> exact_distribution(const std::vector<float>& logits, double temperature,
+                                       int top_k, double top_p, bool strictly_above) {
+  const size_t n = logits.size();
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return logits[a] > logits[b]; });
+  std::vector<double> weight(n, 0.0);
+  double total = 0.0;
+  for (size_t i = 0; i < n; ++i) total += weight[i] = std::exp(logits[i] / temperature);
+  const size_t kept_by_k = top_k > 0 ? std::min<size_t>(top_k, n) : n;
+  double kept_total = 0.0;
+  for (size_t r = 0; r < kept_by_k; ++r) kept_total += weight[order[r]];
+  size_t kept = kept_by_k;
+  if (top_p < 1.0) {
+    double mass = 0.0;
+    for (size_t r = 0; r < kept_by_k; ++r) {
+      mass += weight[order[r]] / kept_total;
+      if (strictly_above ? mass > top_p : mass >= top_p) {
+        kept = r + 1;
+        break;
+      }
+    }
+  }
+  std::vector<double> distribution(n, 0.0);
+  double nucleus_total = 0.0;
+  for (size_t r = 0; r < kept; ++r) nucleus_total += weight[order[r]];
+  for (size_t r = 0; r < kept; ++r) distribution[order[r]] = weight[order[r]] / nucleus_total;
+  return distribution;
+}
+
+// Frequencies of 40,000 seeded draws against the exact distribution at several temperatures,
+// top-k and top-p values, by Pearson's chi-square: the statistic must stay under its 0.999 quantile
+// (Wilson-Hilferty), and tokens outside the support must never be drawn.
+TEST(Sampler, FrequenciesFollowTheExactDistributionAtEveryTemperatureAndCut) {
+  const std::vector<float> logits = {1.3f, -0.4f, 0.9f, 2.1f, 0.2f, -1.5f};
+  struct Case {
+    SamplerMode mode;
+    float temperature;
+    int top_k;
+    float top_p;
+  };
+  const std::vector<Case> cases = {
+      {SamplerMode::kStandard, 0.5f, 0, 1.0f}, {SamplerMode::kStandard, 1.0f, 0, 1.0f},
+      {SamplerMode::kStandard, 2.0f, 0, 1.0f}, {SamplerMode::kStandard, 1.5f, 3, 1.0f},
+      {SamplerMode::kStandard, 1.0f, 0, 0.8f}, {SamplerMode::kStandard, 2.0f, 4, 0.7f},
+      {SamplerMode::kLlama2c, 0.5f, 0, 1.0f},  {SamplerMode::kLlama2c, 2.0f, 0, 1.0f},
+      {SamplerMode::kLlama2c, 1.0f, 0, 0.8f},  {SamplerMode::kLlama2c, 2.0f, 0, 0.6f},
+  };
+  const int draws = 40000;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.mode == SamplerMode::kLlama2c ? "llama2c" : "standard") +
+                 " T=" + std::to_string(c.temperature) + " top_k=" + std::to_string(c.top_k) +
+                 " top_p=" + std::to_string(c.top_p));
+    const std::vector<double> expected = exact_distribution(logits, c.temperature, c.top_k, c.top_p,
+                                                            c.mode == SamplerMode::kLlama2c);
+    SamplerOptions options;
+    options.mode = c.mode;
+    options.temperature = c.temperature;
+    options.top_k = c.top_k;
+    options.top_p = c.top_p;
+    options.seed = 29;
+    Sampler sampler(options);
+    std::vector<int> counts(logits.size(), 0);
+    for (int i = 0; i < draws; ++i) {
+      std::vector<float> copy = logits;
+      ++counts[sampler.sample(copy)];
+    }
+    double chi_square = 0.0;
+    int support = 0;
+    for (size_t k = 0; k < logits.size(); ++k) {
+      if (expected[k] == 0.0) {
+        EXPECT_EQ(counts[k], 0) << "token " << k << " is outside the support";
+        continue;
+      }
+      ++support;
+      const double mean = draws * expected[k];
+      chi_square += (counts[k] - mean) * (counts[k] - mean) / mean;
+    }
+    ASSERT_GE(support, 2) << "a case must leave a choice";
+    const double df = support - 1;
+    const double z = 3.090;  // the standard normal's 0.999 quantile
+    const double bound = df * std::pow(1.0 - 2.0 / (9.0 * df) + z * std::sqrt(2.0 / (9.0 * df)), 3);
+    EXPECT_LT(chi_square, bound) << "over " << support << " tokens";
   }
 }
 
