@@ -487,6 +487,33 @@ TEST(EntropyPrefill, PlanMatchesNaiveWithReleasedDefaultsScaledDown) {
   expect_plan_matches_naive(p, pp, true, 3, "defaults");
 }
 
+// Budgets from the base all the way to the cap, against the reference: large alphas turn small
+// entropy rises into large budget steps, and the test asserts that the plans it checks hold budgets
+// above 1.5x the base and at the cap, so that every kept-block count up to the cap is compared.
+TEST(EntropyPrefill, PlanMatchesNaiveAcrossTheWholeBudgetRange) {
+  bool above_one_and_a_half = false, at_cap = false;
+  int case_index = 0;
+  for (const double alpha : {4.0, 8.0}) {
+    for (const int cap_factor : {3, 6}) {
+      PrefillParams pp = small_params();
+      pp.delta = 0.0;
+      pp.alpha = alpha;
+      pp.budget_cap_factor = cap_factor;
+      const Prompt p = random_prompt(480, 4, 2, 8, 900 + case_index++, 1.5f);
+      const std::string label =
+          "alpha " + std::to_string(alpha) + " cap " + std::to_string(cap_factor);
+      expect_plan_matches_naive(p, pp, true, 1, label);
+      const LayerPrefillPlan plan = EntropyPrefillPolicy(pp).plan(p.inputs(1));
+      for (const int32_t budget : plan.budget_tokens) {
+        above_one_and_a_half = above_one_and_a_half || budget > 1.5 * pp.base_budget;
+        at_cap = at_cap || budget == cap_factor * pp.base_budget;
+      }
+    }
+  }
+  EXPECT_TRUE(above_one_and_a_half) << "no budget above 1.5x the base was exercised";
+  EXPECT_TRUE(at_cap) << "no budget at the cap was exercised";
+}
+
 TEST(EntropyPrefill, CritiPrefillPlanMatchesNaiveReference) {
   for (int budget : {4, 12, 40}) {
     PrefillParams pp = small_params();
