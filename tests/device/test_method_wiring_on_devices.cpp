@@ -5,8 +5,10 @@
 // the budget per head and leaves the cache smaller.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/pyramidkv.h"
@@ -74,6 +76,52 @@ TEST_P(MethodWiring, EachDecodeMethodCompressesOnceAtItsStep) {
       EXPECT_LE(work.cache_entries_after, kept_at_most);
       EXPECT_LT(work.cache_bytes_after, work.cache_bytes_before);
     }
+  }
+}
+
+// A sparse prefill must compute attention over its plan, not only report the plan's reads. With
+// budgets that leave most blocks out, the prompt's last logits must move away from full
+// attention's by more than rounding could (relative L2 above 1e-3); with budgets covering the
+// prompt, every key is read and the logits stay within rounding of full attention's (1e-2 allows
+// the GPU's bf16 and a different summation order).
+TEST_P(MethodWiring, SparsePrefillChangesTheLogitsOnlyWhereItsPlanLeavesKeysOut) {
+  constexpr int kPromptTokens = 600;
+  const std::vector<int32_t> prompt = random_prompt(kPromptTokens, weights_->config.vocab_size, 9);
+  const auto last_logits = [&](const AttentionConfig& attention) {
+    const std::unique_ptr<LanguageModel> model = open(*weights_, kPromptTokens + 8, attention);
+    std::vector<float> logits = model->forward(prompt);
+    return std::make_pair(logits, model->attention_work());
+  };
+  const auto relative_l2 = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double difference = 0, norm = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      difference += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+      norm += static_cast<double>(b[i]) * b[i];
+    }
+    return std::sqrt(difference / norm);
+  };
+  const auto [dense, dense_work] = last_logits(AttentionConfig{});
+  for (const PrefillMethod method : {PrefillMethod::kEntropy, PrefillMethod::kCritiPrefill}) {
+    SCOPED_TRACE(prefill_method_name(method));
+    AttentionConfig sparse;
+    sparse.prefill = method;
+    sparse.prefill_params.segment_size = 64;
+    sparse.prefill_params.block_size = 8;
+    sparse.prefill_params.sparse_threshold = 64;
+    sparse.prefill_params.base_budget = 16;
+    sparse.prefill_params.critiprefill_budget = 16;
+    sparse.prefill_params.dense_layers = 0;
+    const auto [logits, work] = last_logits(sparse);
+    ASSERT_LT(work.prefill_keys_read, work.prefill_keys_dense / 2);
+    EXPECT_GT(relative_l2(logits, dense), 1e-3) << "the sparse prefill computed dense attention";
+
+    AttentionConfig covering = sparse;
+    covering.prefill_params.base_budget = kPromptTokens;
+    covering.prefill_params.critiprefill_budget = kPromptTokens;
+    covering.prefill_params.budget_cap_factor = 1;
+    const auto [covered, covered_work] = last_logits(covering);
+    EXPECT_EQ(covered_work.prefill_keys_read, covered_work.prefill_keys_dense);
+    EXPECT_LT(relative_l2(covered, dense), 1e-2) << "budgets covering the prompt changed it";
   }
 }
 
