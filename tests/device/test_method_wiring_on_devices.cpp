@@ -13,6 +13,7 @@
 
 #include "attention/pyramidkv.h"
 #include "device/device_test_support.h"
+#include "engine/sampler.h"
 #include "model/model_weights.h"
 #include "model/random_model.h"
 
@@ -122,6 +123,46 @@ TEST_P(MethodWiring, SparsePrefillChangesTheLogitsOnlyWhereItsPlanLeavesKeysOut)
     const auto [covered, covered_work] = last_logits(covering);
     EXPECT_EQ(covered_work.prefill_keys_read, covered_work.prefill_keys_dense);
     EXPECT_LT(relative_l2(covered, dense), 1e-2) << "budgets covering the prompt changed it";
+  }
+}
+
+// The per-query-head layout is the per-KV-head one expanded: StreamingLLM keeps the same
+// positions in every head, so keeping them once per query head (a KV head's entries copied into
+// each of its group's caches) must decode exactly as keeping them once per KV head, token for
+// token and logit for logit, as long as every new token's keys and values enter each copy from its
+// own KV head.
+TEST_P(MethodWiring, PerQueryHeadLayoutDecodesAsThePerKvHeadOneExpanded) {
+  constexpr int kPromptTokens = 300, kSteps = 24;
+  ASSERT_GT(weights_->config.num_heads, weights_->config.num_kv_heads) << "needs GQA groups";
+  const std::vector<int32_t> prompt = random_prompt(kPromptTokens, weights_->config.vocab_size, 3);
+  const auto decode = [&](bool per_query_head) {
+    AttentionConfig attention;
+    attention.decode = DecodeMethod::kStreamingLLM;
+    attention.decode_params.budget = 64;
+    attention.decode_params.window = 16;
+    attention.decode_params.gap = 0;  // the window methods compress right after prefill
+    attention.decode_params.per_query_head = per_query_head;
+    const std::unique_ptr<LanguageModel> model =
+        open(*weights_, kPromptTokens + kSteps + 1, attention);
+    std::vector<std::vector<float>> logits = {model->forward(prompt)};
+    for (int step = 0; step < kSteps; ++step) {
+      const int32_t token = argmax(logits.back());
+      logits.push_back(model->forward(std::span<const int32_t>(&token, 1)));
+    }
+    EXPECT_TRUE(model->attention_work().compressed);
+    return logits;
+  };
+  const std::vector<std::vector<float>> expanded = decode(true), shared = decode(false);
+  ASSERT_EQ(expanded.size(), shared.size());
+  for (size_t step = 0; step < shared.size(); ++step) {
+    double difference = 0, norm = 0;
+    for (size_t i = 0; i < shared[step].size(); ++i) {
+      const double d = static_cast<double>(expanded[step][i]) - shared[step][i];
+      difference += d * d;
+      norm += static_cast<double>(shared[step][i]) * shared[step][i];
+    }
+    // The same keys and values in the same order: equal up to the decode kernels' rounding.
+    EXPECT_LT(std::sqrt(difference / norm), 1e-3) << "decode step " << step;
   }
 }
 
