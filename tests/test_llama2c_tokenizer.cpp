@@ -330,7 +330,9 @@ TEST(Llama2cErrors, RandomBytesAndWrongFiles) {
 }
 
 TEST(Llama2cErrors, InvalidVocabularySizeArgument) {
+  // Refused before the file is read, so it needs no file that exists.
   expect_error_mentioning(asset_path(kTok512), 0, "invalid vocabulary size");
+  ENTROPYINFER_REQUIRE_ASSET(kTok512);
   expect_error_mentioning(asset_path(kTok512), 100, "at least 259");
 }
 
