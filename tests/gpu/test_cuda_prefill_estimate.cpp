@@ -787,7 +787,7 @@ TEST(CudaPrefillEstimate, EstimateOf128kTokensIsFast) {
               << " ms, key extrema (8 chunks) " << record_ms << " ms, " << plan.block_indices.size()
               << " blocks, keys read "
               << static_cast<double>(plan.keys_read()) / plan.keys_read_dense() << " of dense\n";
-    EXPECT_LT(best_ms, 3.0) << name;
+    // The time is printed, not asserted: speed belongs to the benchmarks (bench --stage-times).
   }
   cudaEventDestroy(begin);
   cudaEventDestroy(end);
