@@ -24,6 +24,16 @@ std::string shipped_model() {
   return std::string(ENTROPYINFER_FIXTURES_DIR) + "/../../models/needle-llama-11m";
 }
 
+// |a - b| / |b| over the whole vectors.
+double relative_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double difference = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    difference += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(difference / norm);
+}
+
 class MethodWiring : public testing::OnDevice {
  protected:
   void SetUp() override {
@@ -93,14 +103,6 @@ TEST_P(MethodWiring, SparsePrefillChangesTheLogitsOnlyWhereItsPlanLeavesKeysOut)
     std::vector<float> logits = model->forward(prompt);
     return std::make_pair(logits, model->attention_work());
   };
-  const auto relative_l2 = [](const std::vector<float>& a, const std::vector<float>& b) {
-    double difference = 0, norm = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      difference += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-      norm += static_cast<double>(b[i]) * b[i];
-    }
-    return std::sqrt(difference / norm);
-  };
   const auto [dense, dense_work] = last_logits(AttentionConfig{});
   for (const PrefillMethod method : {PrefillMethod::kEntropy, PrefillMethod::kCritiPrefill}) {
     SCOPED_TRACE(prefill_method_name(method));
@@ -155,14 +157,8 @@ TEST_P(MethodWiring, PerQueryHeadLayoutDecodesAsThePerKvHeadOneExpanded) {
   const std::vector<std::vector<float>> expanded = decode(true), shared = decode(false);
   ASSERT_EQ(expanded.size(), shared.size());
   for (size_t step = 0; step < shared.size(); ++step) {
-    double difference = 0, norm = 0;
-    for (size_t i = 0; i < shared[step].size(); ++i) {
-      const double d = static_cast<double>(expanded[step][i]) - shared[step][i];
-      difference += d * d;
-      norm += static_cast<double>(shared[step][i]) * shared[step][i];
-    }
     // The same keys and values in the same order: equal up to the decode kernels' rounding.
-    EXPECT_LT(std::sqrt(difference / norm), 1e-3) << "decode step " << step;
+    EXPECT_LT(relative_l2(expanded[step], shared[step]), 1e-3) << "decode step " << step;
   }
 }
 
