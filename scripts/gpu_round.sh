@@ -64,6 +64,22 @@ status=0
 summary=()
 step_failed() { summary+=("FAILED: $1"); status=1; }
 section() { printf '\n==== %s\n' "$1" >> "${log}"; }
+# seeded_repeat LABEL GENERATE_ARGS...: seeded sampling on cuda (-t 0.8 --top-p 0.9 -s 7) twice, which
+# must give the same text.
+seeded_repeat() {
+  local label=$1 run
+  shift
+  for run in 1 2; do
+    "${build}/entropyinfer" generate "$@" --device cuda -q -t 0.8 --top-p 0.9 -s 7 \
+      > "/tmp/${label}-seeded-${run}.txt" 2>> "${log}" || step_failed "seeded generate (${label})"
+  done
+  if cmp -s "/tmp/${label}-seeded-1.txt" "/tmp/${label}-seeded-2.txt"; then
+    echo "${label} seeded sampling on cuda: identical run to run" | tee -a "${log}"
+  else
+    echo "${label} seeded sampling on cuda: DIFFERS run to run" | tee -a "${log}"
+    step_failed "seeded repeat (${label})"
+  fi
+}
 # SM clock, power and throttle reasons every 200 ms while a step runs (the H200 holds its 700 W cap
 # by lowering the clock under long runs of matrix products), summarised into the log afterwards.
 power_log_pid=""
@@ -200,16 +216,8 @@ sys.stdout.write(' '.join(lines) + ' The south pier took on entry 64 a number of
       diff <(tail -c 400 "/tmp/generate-${method}-cpu.txt") <(tail -c 400 "/tmp/generate-${method}-cuda.txt") | tee -a "${log}"
     fi
   done
-  for run in 1 2; do
-    "${build}/entropyinfer" generate -m "${model_dir}" -f "${prompt_file}" -n 48 --device cuda -q \
-      -t 0.8 --top-p 0.9 -s 7 --prefill entropy --decode latent "${budgets[@]}" > "/tmp/generate-seeded-${run}.txt" \
-      2>> "${log}" || step_failed "seeded generate on cuda"
-  done
-  if cmp -s /tmp/generate-seeded-1.txt /tmp/generate-seeded-2.txt; then
-    echo "generate seeded sampling on cuda: identical run to run" | tee -a "${log}"
-  else
-    echo "generate seeded sampling on cuda: DIFFERS run to run" | tee -a "${log}"; step_failed "seeded generate repeat"
-  fi
+  seeded_repeat "generate" -m "${model_dir}" -f "${prompt_file}" -n 48 --prefill entropy --decode latent \
+    "${budgets[@]}"
   summary+=("generate: $(( $(date +%s) - start )) s")
 fi
 
@@ -260,16 +268,7 @@ if [[ "${steps}" == *",checkpoint,"* && -x "${build}/entropyinfer" ]]; then
   timeout -k 10 400 "${build}/entropyinfer" bench -m "${checkpoint}" --device cuda -p "${bench_prompt:-${prompt_tokens}}" \
     -n "${new_tokens}" -r 1 --methods "${methods}" --markdown "${out}/checkpoint-bench.md" \
     --json "${out}/checkpoint-bench.json" 2>> "${log}" | tee -a "${log}" || step_failed "bench on the checkpoint"
-  for run in 1 2; do
-    "${build}/entropyinfer" generate -m "${checkpoint}" -p "The harbour log of the north pier" -n 32 -q \
-      --device cuda -t 0.8 --top-p 0.9 -s 7 > "/tmp/checkpoint-seeded-${run}.txt" 2>> "${log}" ||
-      step_failed "seeded generate on the checkpoint"
-  done
-  if cmp -s /tmp/checkpoint-seeded-1.txt /tmp/checkpoint-seeded-2.txt; then
-    echo "checkpoint seeded sampling on cuda: identical run to run" | tee -a "${log}"
-  else
-    echo "checkpoint seeded sampling on cuda: DIFFERS run to run" | tee -a "${log}"; step_failed "seeded repeat"
-  fi
+  seeded_repeat "checkpoint" -m "${checkpoint}" -p "The harbour log of the north pier" -n 32
   summary+=("checkpoint: $(( $(date +%s) - start )) s")
 fi
 
