@@ -113,9 +113,14 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& expe
   }
 }
 
+// Also checks the keys the kernel says it read against the plan's mask: the (query token, key)
+// pairs each KV head's group may see.
 std::vector<float> run_kernel(const Problem& p, const LayerPrefillPlan& plan) {
   std::vector<float> out(p.shape.tokens * p.shape.q_heads * p.shape.head_dim, -7.0f);
-  cpu::block_sparse_attention(p.q.data(), p.k.data(), p.v.data(), p.shape, plan, out.data());
+  const int64_t keys_read =
+      cpu::block_sparse_attention(p.q.data(), p.k.data(), p.v.data(), p.shape, plan, out.data());
+  const std::vector<uint8_t> mask = explicit_mask(plan, p.shape.tokens, p.shape.kv_heads);
+  EXPECT_EQ(keys_read, std::count(mask.begin(), mask.end(), uint8_t{1}));
   return out;
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attention/attention_config.h"
+#include "attention/decode_plan.h"
 #include "attention/prefill_plan.h"
 #include "model/model_config.h"
 #include "model/model_weights.h"
@@ -31,6 +32,13 @@ struct AttentionWork {
   int64_t cache_entries_after = 0;
   size_t cache_bytes_before = 0;  // allocated cache memory just before / after compressing
   size_t cache_bytes_after = 0;
+};
+
+// One layer's queries and keys after RoPE, as set_capture_attention_inputs collects them.
+struct CapturedAttentionInputs {
+  int64_t tokens = 0;
+  std::vector<float> queries;  // [tokens][num_heads][head_dim]
+  std::vector<float> keys;     // [tokens][num_kv_heads][head_dim]
 };
 
 class LanguageModel {
@@ -65,9 +73,20 @@ class LanguageModel {
   virtual size_t kv_cache_bytes() const = 0;  // allocated now
   virtual const AttentionWork& attention_work() const = 0;
 
-  // Keep every layer's prefill plan of the next prefill, for inspection.
+  // Keep every layer's prefill plan of the next prefill, and its decode plan of the compression,
+  // for inspection.
   virtual void set_record_plans(bool record) = 0;
   virtual const std::vector<LayerPrefillPlan>& recorded_plans() const = 0;
+  // One per layer once the cache is compressed while plans are recorded: the cache indices each
+  // head kept (an empty plan for a layer its policy left whole).
+  virtual const std::vector<LayerDecodePlan>& recorded_decode_plans() const = 0;
+
+  // While on, every forward pass appends each layer's queries and keys after RoPE, so that a
+  // policy's decisions can be rebuilt outside the model from what the model computed. Costly (the
+  // CUDA executor copies them back and decodes without its graph): for tests and inspection.
+  // Turning it on forgets what an earlier capture held.
+  virtual void set_capture_attention_inputs(bool capture) = 0;
+  virtual const std::vector<CapturedAttentionInputs>& captured_attention_inputs() const = 0;
 
   // Called during long forward passes with (tokens done, tokens total), for progress display.
   using ProgressCallback = std::function<void(int64_t done, int64_t total)>;

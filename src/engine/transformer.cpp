@@ -14,6 +14,7 @@
 #include "backends/cpu/cpu_ops.h"
 #include "core/error.h"
 #include "engine/rope.h"
+#include "engine/sequence_schedule.h"
 
 namespace entropyinfer {
 namespace {
@@ -87,26 +88,33 @@ struct Transformer::State {
   const ModelWeights& weights;
   const ModelConfig& config;
   int context_length = 0;
-  int position = 0;
+  SequenceSchedule schedule;
 
   AttentionConfig attention;
   std::unique_ptr<PrefillPolicy> prefill_policy;
   std::unique_ptr<DecodePolicy> decode_policy;
 
   std::vector<LayerCache> cache;
-  bool prefilled = false;
-  int tokens_since_prefill = 0;
-  bool compressed = false;
-
   // The last `window` queries of every layer (after RoPE), oldest first: the decode policy's
   // observation window.
   int window = 0;
-  int window_count = 0;
   std::vector<std::vector<float>> recent_queries;
 
   AttentionWork work;
   bool record_plans = false;
   std::vector<LayerPrefillPlan> plans;
+  std::vector<LayerDecodePlan> decode_plans;
+  bool capture_inputs = false;
+  std::vector<CapturedAttentionInputs> captured;
+
+  void capture(int layer, const float* queries, const float* keys, int64_t m) {
+    CapturedAttentionInputs& inputs = captured[layer];
+    const int64_t q_width = static_cast<int64_t>(config.num_heads) * config.head_dim;
+    const int64_t kv_width = static_cast<int64_t>(config.num_kv_heads) * config.head_dim;
+    inputs.queries.insert(inputs.queries.end(), queries, queries + m * q_width);
+    inputs.keys.insert(inputs.keys.end(), keys, keys + m * kv_width);
+    inputs.tokens += m;
+  }
 
   // Scratch.
   std::vector<float> hidden, normed, q, k, v, attention_out, projected, gate, up;
@@ -116,16 +124,15 @@ struct Transformer::State {
     attention.validate();
     prefill_policy = make_prefill_policy(attention);
     decode_policy = make_decode_policy(attention);
-    if (decode_policy) window = attention.decode_params.window;
+    if (decode_policy && decode_policy->needs_window_queries())
+      window = attention.decode_params.window;
+    schedule.configure(context_length,
+                       decode_policy ? decode_policy->compress_after_generated() : -1, window);
     reset();
   }
 
   void reset() {
-    position = 0;
-    prefilled = false;
-    tokens_since_prefill = 0;
-    compressed = false;
-    window_count = 0;
+    schedule.reset();
     work = AttentionWork{};
     cache.assign(config.num_layers, LayerCache{});
     for (LayerCache& layer : cache) {
@@ -152,9 +159,10 @@ struct Transformer::State {
     const int64_t width = static_cast<int64_t>(config.num_heads) * config.head_dim;
     std::vector<float>& ring = recent_queries[layer];
     const int64_t incoming = std::min<int64_t>(count, window);
-    const int64_t kept_old = std::min<int64_t>(window_count, window - incoming);
+    const int64_t held = schedule.window_tokens();  // before this span's tokens are counted
+    const int64_t kept_old = std::min<int64_t>(held, window - incoming);
     // Slide the newest kept_old rows to the front, then append the incoming rows.
-    std::memmove(ring.data(), ring.data() + (window_count - kept_old) * width,
+    std::memmove(ring.data(), ring.data() + (held - kept_old) * width,
                  sizeof(float) * kept_old * width);
     std::memcpy(ring.data() + kept_old * width, queries + (count - incoming) * width,
                 sizeof(float) * incoming * width);
@@ -172,25 +180,27 @@ struct Transformer::State {
     for (const LayerCache& layer : cache) {
       for (int length : layer.lengths) work.cache_entries_before += length;
     }
+    decode_plans.clear();
     for (int layer_index = 0; layer_index < config.num_layers; ++layer_index) {
       LayerCache& layer = cache[layer_index];
       DecodeInputs inputs;
       inputs.window_queries = recent_queries[layer_index].data();
-      inputs.window_tokens = window_count;
+      inputs.window_tokens = schedule.window_tokens();
       inputs.keys = layer.keys.data();
       inputs.key_stride = layer.capacity;
-      inputs.cache_length = position;
+      inputs.cache_length = schedule.position();
       inputs.num_q_heads = config.num_heads;
       inputs.num_kv_heads = config.num_kv_heads;
       inputs.head_dim = config.head_dim;
       inputs.layer = layer_index;
       inputs.num_layers = config.num_layers;
-      const LayerDecodePlan plan = decode_policy->plan(inputs);
+      LayerDecodePlan plan = decode_policy->plan(inputs);
+      if (record_plans) decode_plans.push_back(plan);
       if (plan.kept.empty()) continue;  // the cache is within the budget: nothing to drop
       int longest = 0;
       for (const auto& rows : plan.kept)
         longest = std::max<int>(longest, static_cast<int>(rows.size()));
-      const int room = std::min(kCacheHeadroom, context_length - position);
+      const int room = std::min(kCacheHeadroom, context_length - schedule.position());
       layer.reshape(static_cast<int>(plan.kept.size()), longest + std::max(room, 1),
                     config.head_dim, &plan.kept, plan.per_query_head ? group : 1);
     }
@@ -199,37 +209,29 @@ struct Transformer::State {
     }
     work.cache_bytes_after = cache_bytes();
     work.compressed = true;
-    compressed = true;
+    schedule.mark_compressed();
   }
 };
 
 Transformer::Transformer(const ModelWeights& weights, int context_length,
                          const AttentionConfig& attention) {
-  const ModelConfig& config = weights.config;
-  const int limit = config.max_position_embeddings;
-  if (context_length <= 0) context_length = limit;
-  if (context_length <= 0) throw Error("context length must be positive");
-  // Dynamic NTK scaling exists to run past the trained context (its base grows with the sequence),
-  // so only the other variants are held to max_position_embeddings.
-  if (limit > 0 && context_length > limit && config.rope.scaling != RopeScaling::kDynamic) {
-    throw Error("context length " + std::to_string(context_length) +
-                " exceeds the model's maximum of " + std::to_string(limit) + " positions");
-  }
-  state_ = std::make_unique<State>(weights, context_length, attention);
+  state_ = std::make_unique<State>(weights, resolve_context_length(weights.config, context_length),
+                                   attention);
 }
 
 Transformer::~Transformer() = default;
 
 void Transformer::reset() { state_->reset(); }
 void Transformer::set_attention(const AttentionConfig& attention) {
-  const bool record = state_->record_plans;
+  const bool record = state_->record_plans, capture = state_->capture_inputs;
   state_ = std::make_unique<State>(state_->weights, state_->context_length, attention);
   state_->record_plans = record;
+  set_capture_attention_inputs(capture);
 }
 std::string Transformer::device_name() const {
   return "cpu (" + std::to_string(omp_get_max_threads()) + " threads)";
 }
-int Transformer::position() const { return state_->position; }
+int Transformer::position() const { return state_->schedule.position(); }
 int Transformer::context_length() const { return state_->context_length; }
 const ModelConfig& Transformer::config() const { return state_->config; }
 const AttentionConfig& Transformer::attention_config() const { return state_->attention; }
@@ -237,6 +239,16 @@ size_t Transformer::kv_cache_bytes() const { return state_->cache_bytes(); }
 const AttentionWork& Transformer::attention_work() const { return state_->work; }
 void Transformer::set_record_plans(bool record) { state_->record_plans = record; }
 const std::vector<LayerPrefillPlan>& Transformer::recorded_plans() const { return state_->plans; }
+const std::vector<LayerDecodePlan>& Transformer::recorded_decode_plans() const {
+  return state_->decode_plans;
+}
+void Transformer::set_capture_attention_inputs(bool capture) {
+  state_->capture_inputs = capture;
+  state_->captured.assign(capture ? state_->config.num_layers : 0, CapturedAttentionInputs{});
+}
+const std::vector<CapturedAttentionInputs>& Transformer::captured_attention_inputs() const {
+  return state_->captured;
+}
 void Transformer::set_progress_callback(ProgressCallback callback) {
   progress_ = std::move(callback);
 }
@@ -246,18 +258,8 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
   const ModelConfig& c = s.config;
   const ModelWeights& w = s.weights;
   const int64_t n = static_cast<int64_t>(tokens.size());
-  if (n == 0) throw Error("forward() needs at least one token");
-  if (s.position + n > s.context_length) {
-    throw Error("the sequence needs " + std::to_string(s.position + n) +
-                " positions but the context holds " + std::to_string(s.context_length));
-  }
-  for (int32_t token : tokens) {
-    if (token < 0 || token >= c.vocab_size) {
-      throw Error("token id " + std::to_string(token) + " is outside the vocabulary of " +
-                  std::to_string(c.vocab_size));
-    }
-  }
-  if (s.compressed && n > 1) {
+  s.schedule.check_span(tokens, c.vocab_size);
+  if (s.schedule.compressed() && n > 1) {
     // A compressed cache has heads of different lengths; new tokens go through one at a time.
     const int64_t vocab = c.vocab_size;
     std::vector<float> logits(static_cast<size_t>((all_logits ? n : 1) * vocab));
@@ -268,7 +270,7 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
     }
     return logits;
   }
-  const bool is_prefill = !s.prefilled;
+  const bool is_prefill = s.schedule.is_prefill();
   s.ensure_capacity(static_cast<int>(n));
 
   const int64_t hidden = c.hidden_size;
@@ -278,7 +280,7 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
   const int64_t vocab = c.vocab_size;
   const int64_t rotary_dim = c.rope.rotary_dim > 0 ? c.rope.rotary_dim : head_dim;
   const int64_t half_rotary = rotary_dim / 2;
-  const int64_t first_position = s.position;
+  const int64_t first_position = s.schedule.position();
   const int64_t chunk = std::min(kChunkTokens, n);
   const int group = c.num_heads / c.num_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -347,6 +349,7 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
                       c.rope.rotate_adjacent_pairs);
       cpu::apply_rope(s.k.data(), m, c.num_kv_heads, head_dim, cos, sin, rotary_dim,
                       c.rope.rotate_adjacent_pairs);
+      if (s.capture_inputs) s.capture(layer_index, q, s.k.data(), m);
       // Append to every cache head; after a per-query-head compression a KV head feeds g caches.
       const int source_group = cache.heads == c.num_kv_heads ? 1 : group;
       for (int64_t t = 0; t < m; ++t) {
@@ -363,7 +366,7 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
     for (int& length : cache.lengths) length += static_cast<int>(n);
     s.remember_queries(layer_index, s.q.data(), n);
 
-    if (s.compressed) {
+    if (s.schedule.compressed()) {
       // One token over per-head caches of different lengths.
       std::vector<const float*> key_heads(cache.heads), value_heads(cache.heads);
       std::vector<int64_t> lengths(cache.heads);
@@ -405,13 +408,15 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
         s.work.prefill_keys_dense += row_keys;
       } else if (plan_this_span) {
         LayerPrefillPlan plan = s.prefill_policy->plan(prefill_inputs(layer_index));
-        s.work.prefill_keys_read += plan.keys_read();
         s.work.prefill_keys_dense += plan.keys_read_dense();
         if (!plan.dense) {
           shape.window = 0;
-          cpu::block_sparse_attention(s.q.data(), cache.keys.data(), cache.values.data(), shape,
-                                      plan, s.attention_out.data());
+          s.work.prefill_keys_read +=
+              cpu::block_sparse_attention(s.q.data(), cache.keys.data(), cache.values.data(), shape,
+                                          plan, s.attention_out.data());
           done = true;
+        } else {
+          s.work.prefill_keys_read += plan.keys_read_dense();
         }
         if (s.record_plans) s.plans.push_back(std::move(plan));
       }
@@ -441,17 +446,7 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
     if (progress_ && n > chunk)
       progress_(static_cast<int64_t>(layer_index + 1) * n / c.num_layers, n);
   }
-  s.position += static_cast<int>(n);
-  s.window_count = std::min<int>(s.window, s.window_count + static_cast<int>(n));
-  if (is_prefill) {
-    s.prefilled = true;
-  } else {
-    s.tokens_since_prefill += static_cast<int>(n);
-  }
-  if (s.decode_policy && !s.compressed &&
-      s.tokens_since_prefill >= s.decode_policy->compress_after_generated()) {
-    s.compress();
-  }
+  if (s.schedule.advance(n)) s.compress();
 
   std::vector<float> logits(static_cast<size_t>((all_logits ? n : 1) * vocab));
   const int64_t first_row = all_logits ? 0 : n - 1;

@@ -5,12 +5,15 @@
 // the budget per head and leaves the cache smaller.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "attention/decode_policy.h"
 #include "attention/pyramidkv.h"
 #include "device/device_test_support.h"
 #include "engine/sampler.h"
@@ -87,6 +90,101 @@ TEST_P(MethodWiring, EachDecodeMethodCompressesOnceAtItsStep) {
       EXPECT_LE(work.cache_entries_after, kept_at_most);
       EXPECT_LT(work.cache_bytes_after, work.cache_bytes_before);
     }
+  }
+}
+
+// The cache entries every head keeps are those its policy picks from the model's own queries and
+// keys: one dense run captures each layer's rotated queries and keys over the prompt and the G
+// generated tokens, the policy runs outside the model on them (the observation window being the
+// last W captured queries), and each method's run over the same tokens must have kept exactly that
+// (CPU), or that but for near-ties (CUDA: its kernels score in another order from bf16 caches;
+// tests/gpu/test_cuda_decode_compression.cpp bounds the scores of each differing pick, and a
+// wrong window or wrong keys change most candidate picks, far above the 2% allowed here).
+TEST_P(MethodWiring, KeptEntriesAreThePolicysChoiceOnTheCapturedInputs) {
+  constexpr int kPromptTokens = 300, kWindow = 16;
+  const ModelConfig& config = weights_->config;
+  const std::vector<int32_t> prompt = random_prompt(kPromptTokens, config.vocab_size, 11);
+  struct Case {
+    DecodeMethod method;
+    int gap;
+    bool per_query_head;
+  };
+  for (const Case c :
+       {Case{DecodeMethod::kLatent, 4, false}, Case{DecodeMethod::kSnapKV, 0, false},
+        Case{DecodeMethod::kAdaKV, 0, false}, Case{DecodeMethod::kAdaKV, 0, true},
+        Case{DecodeMethod::kPyramidKV, 0, false}, Case{DecodeMethod::kStreamingLLM, 0, false}}) {
+    SCOPED_TRACE(decode_method_name(c.method) + " G=" + std::to_string(c.gap) +
+                 (c.per_query_head ? " per query head" : ""));
+    AttentionConfig attention;
+    attention.decode = c.method;
+    attention.decode_params.budget = 64;
+    attention.decode_params.window = kWindow;
+    attention.decode_params.gap = c.gap;
+    attention.decode_params.per_query_head = c.per_query_head;
+
+    // The dense run: the tokens fed (prompt, then G greedy ones) and what each layer computed.
+    const std::unique_ptr<LanguageModel> dense = open(*weights_, kPromptTokens + 16);
+    dense->set_capture_attention_inputs(true);
+    std::vector<int32_t> generated = {dense->forward_greedy(prompt)};
+    for (int pass = 1; pass <= c.gap; ++pass)
+      generated.push_back(dense->forward_greedy(std::span<const int32_t>(&generated.back(), 1)));
+    const std::vector<CapturedAttentionInputs>& captured = dense->captured_attention_inputs();
+    ASSERT_EQ(static_cast<int>(captured.size()), config.num_layers);
+    const int64_t seen = kPromptTokens + c.gap;
+
+    const std::unique_ptr<LanguageModel> model = open(*weights_, kPromptTokens + 16, attention);
+    model->set_record_plans(true);
+    model->forward(prompt);
+    for (int pass = 1; pass <= c.gap; ++pass)
+      model->forward(std::span<const int32_t>(&generated[pass - 1], 1));
+    ASSERT_TRUE(model->attention_work().compressed);
+    const std::vector<LayerDecodePlan>& kept = model->recorded_decode_plans();
+    ASSERT_EQ(static_cast<int>(kept.size()), config.num_layers);
+
+    const std::unique_ptr<DecodePolicy> policy = make_decode_policy(attention);
+    const int64_t q_width = static_cast<int64_t>(config.num_heads) * config.head_dim;
+    int64_t entries = 0, differing = 0;
+    for (int layer = 0; layer < config.num_layers; ++layer) {
+      const CapturedAttentionInputs& inputs = captured[layer];
+      ASSERT_EQ(inputs.tokens, seen) << "layer " << layer;
+      // The policy reads keys per KV head, [head][position][head_dim].
+      std::vector<float> keys(inputs.keys.size());
+      for (int64_t t = 0; t < seen; ++t) {
+        for (int head = 0; head < config.num_kv_heads; ++head) {
+          std::copy_n(inputs.keys.begin() + (t * config.num_kv_heads + head) * config.head_dim,
+                      config.head_dim, keys.begin() + (head * seen + t) * config.head_dim);
+        }
+      }
+      DecodeInputs decode_inputs;
+      decode_inputs.window_queries = inputs.queries.data() + (seen - kWindow) * q_width;
+      decode_inputs.window_tokens = kWindow;
+      decode_inputs.keys = keys.data();
+      decode_inputs.key_stride = seen;
+      decode_inputs.cache_length = seen;
+      decode_inputs.num_q_heads = config.num_heads;
+      decode_inputs.num_kv_heads = config.num_kv_heads;
+      decode_inputs.head_dim = config.head_dim;
+      decode_inputs.layer = layer;
+      decode_inputs.num_layers = config.num_layers;
+      const LayerDecodePlan expected = policy->plan(decode_inputs);
+      const LayerDecodePlan& actual = kept[layer];
+      ASSERT_EQ(actual.kept.size(), expected.kept.size()) << "layer " << layer;
+      EXPECT_EQ(actual.per_query_head, expected.per_query_head) << "layer " << layer;
+      for (size_t head = 0; head < expected.kept.size(); ++head) {
+        const std::vector<int32_t>& want = expected.kept[head];
+        const std::vector<int32_t>& got = actual.kept[head];
+        std::vector<int32_t> only_one;
+        std::set_symmetric_difference(want.begin(), want.end(), got.begin(), got.end(),
+                                      std::back_inserter(only_one));
+        entries += static_cast<int64_t>(want.size());
+        differing += static_cast<int64_t>(only_one.size());
+        if (GetParam() == Device::kCpu) {
+          EXPECT_EQ(got, want) << "layer " << layer << " head " << head;
+        }
+      }
+    }
+    ASSERT_GT(entries, 0);
+    EXPECT_LE(differing, entries / 50) << differing << " of " << entries << " kept entries differ";
   }
 }
 

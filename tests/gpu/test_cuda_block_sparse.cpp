@@ -152,17 +152,28 @@ struct Inputs {
     return shape;
   }
 
-  std::vector<float> cpu_sparse(const LayerPrefillPlan& plan) const {
+  // The keys each side's kernel says it read in its last call: per KV head on the CPU, summed over
+  // query heads (the packed rows) on the GPU.
+  int64_t cpu_keys_read = 0;
+  unsigned long long gpu_keys_read = 0;
+
+  std::vector<float> cpu_sparse(const LayerPrefillPlan& plan) {
     std::vector<float> out(q.size());
-    cpu::block_sparse_attention(q.data(), k.data(), v.data(), cpu_shape(), plan, out.data());
+    cpu_keys_read =
+        cpu::block_sparse_attention(q.data(), k.data(), v.data(), cpu_shape(), plan, out.data());
     return out;
   }
   std::vector<float> gpu_sparse(const cuda::DevicePrefillPlan& plan, cuda::FlashKernel kernel) {
     cuda::DeviceBuffer<cuda::bf16> out(q.size());
+    cuda::DeviceBuffer<unsigned long long> counter(1);
+    cuda::check(cudaMemset(counter.data(), 0, sizeof(unsigned long long)), "counter");
     gpu_test::poison(out);
     cuda::flash_prefill_block_sparse(q_gpu.data(), k_gpu.data(), v_gpu.data(), gpu_shape(), plan,
-                                     out.data(), nullptr, kernel);
+                                     out.data(), nullptr, kernel, counter.data());
     cuda::check(cudaDeviceSynchronize(), "block-sparse attention");
+    cuda::check(
+        cudaMemcpy(&gpu_keys_read, counter.data(), sizeof(gpu_keys_read), cudaMemcpyDeviceToHost),
+        "counter");
     return gpu_test::download_bf16(out);
   }
   std::vector<float> gpu_dense(cuda::FlashKernel kernel) {
@@ -239,9 +250,14 @@ TEST(CudaBlockSparse, MatchesCpuReferenceOnRandomPlans) {
     const auto device_plan = cuda::DevicePrefillPlanStorage::upload(plan);
     const auto kernels = kernels_for(c);
     ASSERT_FALSE(kernels.empty()) << describe(c);
+    const int64_t group = c.q_heads / c.kv_heads;
+    EXPECT_EQ(inputs.cpu_keys_read, plan.keys_read()) << describe(c);
     for (const cuda::FlashKernel kernel : kernels) {
       expect_close(inputs.gpu_sparse(device_plan.view, kernel), expected,
                    describe(c) + ", " + kernel_name(kernel));
+      // The kernel's own count of what its masks admitted, against the CPU kernel's.
+      EXPECT_EQ(static_cast<int64_t>(inputs.gpu_keys_read), inputs.cpu_keys_read * group)
+          << describe(c) << ", " << kernel_name(kernel);
     }
     // kAuto picks one of them.
     expect_close(inputs.gpu_sparse(device_plan.view, cuda::FlashKernel::kAuto), expected,

@@ -53,12 +53,13 @@ void check_plan(const AttentionShape& shape, const LayerPrefillPlan& plan) {
 
 }  // namespace
 
-void block_sparse_attention(const float* q, const float* key_cache, const float* value_cache,
-                            const AttentionShape& shape, const LayerPrefillPlan& plan, float* out) {
+int64_t block_sparse_attention(const float* q, const float* key_cache, const float* value_cache,
+                               const AttentionShape& shape, const LayerPrefillPlan& plan,
+                               float* out) {
   check_plan(shape, plan);
   if (plan.dense) {
     causal_attention(q, key_cache, value_cache, shape, out);
-    return;
+    return static_cast<int64_t>(shape.kv_heads) * shape.tokens * (shape.tokens + 1) / 2;
   }
   const int64_t group = shape.q_heads / shape.kv_heads;
   const int64_t head_dim = shape.head_dim;
@@ -69,7 +70,8 @@ void block_sparse_attention(const float* q, const float* key_cache, const float*
   const int64_t tile_tokens = attention_tile_tokens(group);
   const int64_t segment_tiles = (plan.segment_size + tile_tokens - 1) / tile_tokens;
   const int64_t items = segments * shape.kv_heads * segment_tiles;
-#pragma omp parallel
+  int64_t keys_read = 0;
+#pragma omp parallel reduction(+ : keys_read)
   {
     AttentionTileState state;
     std::vector<KeyRange> ranges;
@@ -106,10 +108,14 @@ void block_sparse_attention(const float* q, const float* key_cache, const float*
       for (const KeyRange& range : ranges) {
         attend_key_range(key_cache + kv_offset, value_cache + kv_offset, range, state);
       }
+      // Every token of the tile saw the earlier ranges whole and the last one up to itself.
+      for (size_t r = 0; r + 1 < ranges.size(); ++r) keys_read += tokens * ranges[r].count;
+      keys_read += tokens * (first_token - start) + tokens * (tokens + 1) / 2;
       finish_attention_tile(state, group, out + attention_tile_offset(shape, first_token, kv_head),
                             tile.token_stride);
     }
   }
+  return keys_read;
 }
 
 }  // namespace entropyinfer::cpu

@@ -1,6 +1,8 @@
 // Prefill attention that follows a LayerPrefillPlan: the CPU reference for block-sparse prefill.
 #pragma once
 
+#include <cstdint>
+
 #include "attention/prefill_plan.h"
 #include "backends/cpu/cpu_ops.h"
 
@@ -14,8 +16,10 @@ namespace entropyinfer::cpu {
 // head [cache_stride, head_dim]); shape.first_position and shape.window must be 0 and the plan must
 // describe shape.tokens tokens and shape.kv_heads heads (Error otherwise, also for a block index
 // that does not end before its segment). Work follows the keys read: only the selected blocks are
-// visited.
-void block_sparse_attention(const float* q, const float* key_cache, const float* value_cache,
-                            const AttentionShape& shape, const LayerPrefillPlan& plan, float* out);
+// visited. Returns the keys read as the kernel attended them, per KV head (each key a query of the
+// head's group attends counts once per query token): plan.keys_read() when the plan is followed.
+int64_t block_sparse_attention(const float* q, const float* key_cache, const float* value_cache,
+                               const AttentionShape& shape, const LayerPrefillPlan& plan,
+                               float* out);
 
 }  // namespace entropyinfer::cpu

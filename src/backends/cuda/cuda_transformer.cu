@@ -20,6 +20,7 @@
 #include "core/stopwatch.h"
 #include "engine/rope.h"
 #include "engine/sampler.h"
+#include "engine/sequence_schedule.h"
 #include "model/random_model.h"
 
 namespace entropyinfer::cuda {
@@ -50,17 +51,6 @@ Widths widths_of(const ModelConfig& c) {
   w.vocab = c.vocab_size;
   w.half_rotary = (c.rope.rotary_dim > 0 ? c.rope.rotary_dim : c.head_dim) / 2;
   return w;
-}
-
-int resolve_context(const ModelConfig& config, int requested) {
-  const int limit = config.max_position_embeddings;
-  const int context = requested > 0 ? requested : limit;
-  if (context <= 0) throw Error("context length must be positive");
-  if (limit > 0 && context > limit && config.rope.scaling != RopeScaling::kDynamic) {
-    throw Error("context length " + std::to_string(context) + " exceeds the model's maximum of " +
-                std::to_string(limit) + " positions");
-  }
-  return context;
 }
 
 void validate(const ModelConfig& c, int context) {
@@ -229,7 +219,7 @@ std::string GpuMemoryPlan::describe() const {
 }
 
 GpuMemoryPlan CudaTransformer::plan(const ModelConfig& config, const CudaModelOptions& options) {
-  const int context = resolve_context(config, options.context_length);
+  const int context = resolve_context_length(config, options.context_length);
   const Widths w = widths_of(config);
   const int64_t chunk = std::max(1, std::min(options.chunk_tokens, context));
   GpuMemoryPlan plan;
@@ -303,7 +293,7 @@ struct CudaTransformer::State {
   Widths w{};
   int context = 0;
   int chunk = 0;
-  int position = 0;
+  SequenceSchedule schedule;  // position, prefill, when to compress, the window's extent
   GpuMemoryPlan plan;
   Blas blas{stream};
   // Decoding replays one captured graph per token: the kernels read the position from
@@ -338,24 +328,53 @@ struct CudaTransformer::State {
   // prompt.
   bool compress_in_prefill = false;
   DeviceBuffer<bf16> scratch_keys, scratch_values;
-  std::unique_ptr<PrefillEstimator> estimator;   // sparse prefill methods
-  std::unique_ptr<DecodeCompressor> compressor;  // compressing decode methods
-  int compress_after = 0;                        // generated tokens before compressing
-  bool keeps_window = false;                     // the compressor reads the observation window
-  int window = 0;
-  int window_count = 0;  // queries the rings hold (the last min(window, tokens seen))
-  bool prefilled = false;
-  bool compressed = false;
-  int tokens_since_prefill = 0;
+  std::unique_ptr<PrefillEstimator> estimator;    // sparse prefill methods
+  std::unique_ptr<DecodeCompressor> compressor;   // compressing decode methods
+  bool keeps_window = false;                      // the compressor reads the observation window
+  int window = 0;                                 // ring slots per layer (0 without rings)
+  bool compressed = false;                        // the caches are the compressed ones
   DeviceBuffer<float> prompt_hidden;              // layer-major: [context][hidden]
   DeviceBuffer<bf16> prompt_q, prompt_attention;  // layer-major: [context][q width]
   DeviceBuffer<bf16> window_rings;                // [layers][window][q width], slot p % window
   DeviceBuffer<bf16> window_oldest_first;         // [window][q width]
-  DeviceBuffer<unsigned long long> key_counters;  // keys read, keys dense (device)
+  DeviceBuffer<unsigned long long> key_counters;  // keys the sparse kernel read (device)
   DeviceBuffer<float> ragged_workspace;
   CudaAttentionWork work;
   bool record_plans = false;
+  std::vector<LayerDecodePlan> decode_plans;
+  bool capture_inputs = false;
+  std::vector<CapturedAttentionInputs> captured;
   LanguageModel::ProgressCallback progress;
+
+  // set_capture_attention_inputs: m rows of layer `index`'s rotated queries (q_stride apart) and
+  // keys, read from the rows at k (k_stride apart) or, with k null, from the full cache at
+  // positions first..first + m - 1.
+  void capture(int index, const bf16* q, int64_t q_stride, const bf16* k, int64_t k_stride,
+               const bf16* cache_keys, int64_t first, int64_t m) {
+    std::vector<bf16> queries(static_cast<size_t>(m * w.q)), keys(static_cast<size_t>(m * w.kv));
+    check(cudaMemcpy2DAsync(queries.data(), sizeof(bf16) * w.q, q, sizeof(bf16) * q_stride,
+                            sizeof(bf16) * w.q, m, cudaMemcpyDeviceToHost, stream),
+          "captured queries");
+    if (k != nullptr) {
+      check(cudaMemcpy2DAsync(keys.data(), sizeof(bf16) * w.kv, k, sizeof(bf16) * k_stride,
+                              sizeof(bf16) * w.kv, m, cudaMemcpyDeviceToHost, stream),
+            "captured keys");
+    } else {
+      // Head h's rows are contiguous in the cache; the capture interleaves heads per token.
+      for (int head = 0; head < config.num_kv_heads; ++head) {
+        check(cudaMemcpy2DAsync(keys.data() + head * w.head_dim, sizeof(bf16) * w.kv,
+                                cache_keys + (head * context + first) * w.head_dim,
+                                sizeof(bf16) * w.head_dim, sizeof(bf16) * w.head_dim, m,
+                                cudaMemcpyDeviceToHost, stream),
+              "captured keys");
+      }
+    }
+    check(cudaStreamSynchronize(stream), "captured attention inputs");
+    CapturedAttentionInputs& inputs = captured[index];
+    for (const bf16 value : queries) inputs.queries.push_back(__bfloat162float(value));
+    for (const bf16 value : keys) inputs.keys.push_back(__bfloat162float(value));
+    inputs.tokens += m;
+  }
 
   // Tells the progress callback that `done` of `total` prompt tokens have passed (through every
   // layer, or through `layers` of them), once the GPU has got there. Short spans are not reported.
@@ -381,7 +400,7 @@ struct CudaTransformer::State {
 
   void allocate(const ModelConfig& c, const CudaModelOptions& options) {
     config = c;
-    context = resolve_context(c, options.context_length);
+    context = resolve_context_length(c, options.context_length);
     validate(c, context);
     options.attention.validate();
     w = widths_of(c);
@@ -438,7 +457,7 @@ struct CudaTransformer::State {
     decode_workspace.allocate(
         std::max<size_t>(1, flash_decode_workspace_floats(decode, decode_splits)));
     device_position.allocate(1);
-    key_counters.allocate(2);
+    key_counters.allocate(1);
     for (Layer& layer : layers) full_cache_shape(layer);
     configure_attention(options);
     this->options = options;
@@ -502,12 +521,12 @@ struct CudaTransformer::State {
     }
     window = 0;
     keeps_window = false;
-    compress_after = 0;
+    int compress_after = -1;
     if (attention.decode != DecodeMethod::kFull) {
       const std::unique_ptr<DecodePolicy> policy = make_decode_policy(attention);
       compress_after = policy->compress_after_generated();
       keeps_window = policy->needs_window_queries();
-      window = attention.decode_params.window;
+      if (keeps_window) window = attention.decode_params.window;
       compressor = std::make_unique<DecodeCompressor>(attention.decode, attention.decode_params,
                                                       config.num_heads, config.num_kv_heads,
                                                       config.head_dim, config.num_layers, context);
@@ -516,6 +535,7 @@ struct CudaTransformer::State {
         window_oldest_first.allocate(static_cast<size_t>(window) * w.q);
       }
     }
+    schedule.configure(context, compress_after, window);
     if (compress_in_prefill && (!compressor || compress_after != 0)) {
       throw Error(
           "compress_during_prefill needs a decode method that compresses right after the "
@@ -638,21 +658,6 @@ struct CudaTransformer::State {
     if (!config.tied_embeddings) fill(lm_head, w.hidden);
     ones(final_norm);
     check(cudaStreamSynchronize(stream), "random weights");
-  }
-
-  void check_tokens(std::span<const int32_t> tokens) const {
-    const int64_t n = static_cast<int64_t>(tokens.size());
-    if (n == 0) throw Error("forward() needs at least one token");
-    if (position + n > context) {
-      throw Error("the sequence needs " + std::to_string(position + n) +
-                  " positions but the context holds " + std::to_string(context));
-    }
-    for (int32_t token : tokens) {
-      if (token < 0 || token >= config.vocab_size) {
-        throw Error("token id " + std::to_string(token) + " is outside the vocabulary of " +
-                    std::to_string(config.vocab_size));
-      }
-    }
   }
 
   // The first half of a layer over the m tokens whose residual rows are at `rows`: RMSNorm, the
@@ -784,6 +789,7 @@ struct CudaTransformer::State {
       const auto timed = stages.scope(Stage::kCacheWrites, stream);
       record_window(layer_index, q, w.qkv, first, m);
     }
+    if (capture_inputs) capture(layer_index, q, w.qkv, k, w.qkv, nullptr, 0, m);
     if (layer.compressed) {
       // Single tokens only (run() feeds a compressed cache one token at a time).
       const RaggedShape shape = ragged_shape(layer);
@@ -850,7 +856,7 @@ struct CudaTransformer::State {
   // in layer `index`: 0 but in a last layer that is not estimated, which reads the last row's
   // query and the observation window's (m when the span has none of them).
   int64_t first_query_row(int index, int64_t t0, int64_t m, int64_t n, bool all_logits) const {
-    if (output_rows_of_layer(index, 0, n, n, all_logits) == n ||
+    if (capture_inputs || output_rows_of_layer(index, 0, n, n, all_logits) == n ||
         layer_is_estimated(index, n, all_logits)) {
       return 0;
     }
@@ -875,6 +881,7 @@ struct CudaTransformer::State {
   void decode(int32_t token) {
     check(cudaMemcpyAsync(ids.data(), &token, sizeof(token), cudaMemcpyHostToDevice, stream),
           "token upload");
+    const int position = schedule.position();
     check(cudaMemcpyAsync(device_position.data(), &position, sizeof(position),
                           cudaMemcpyHostToDevice, stream),
           "position upload");
@@ -907,7 +914,7 @@ struct CudaTransformer::State {
     // into the rings at positions only the host knows.
     const bool filling_window = keeps_window && !compressed;
     return tokens.size() == 1 && !all_logits && config.rope.scaling != RopeScaling::kDynamic &&
-           !filling_window;
+           !filling_window && !capture_inputs;
   }
 
   // RoPE tables for positions position .. position + n - 1; dynamic scaling builds them into the
@@ -916,15 +923,15 @@ struct CudaTransformer::State {
                                                   DeviceBuffer<float>& dynamic_sin) {
     if (config.rope.scaling == RopeScaling::kDynamic) {
       // The angles depend on the sequence length: tables for exactly this span.
-      const RopeTables tables = rope_tables(config, position, n);
+      const RopeTables tables = rope_tables(config, schedule.position(), n);
       dynamic_cos.allocate(tables.cos.size());
       dynamic_sin.allocate(tables.sin.size());
       dynamic_cos.upload(tables.cos.data(), tables.cos.size());
       dynamic_sin.upload(tables.sin.data(), tables.sin.size());
       return {dynamic_cos.data(), dynamic_sin.data()};
     }
-    return {rope_cos.data() + static_cast<int64_t>(position) * w.half_rotary,
-            rope_sin.data() + static_cast<int64_t>(position) * w.half_rotary};
+    const int64_t position = schedule.position();
+    return {rope_cos.data() + position * w.half_rotary, rope_sin.data() + position * w.half_rotary};
   }
 
   // Final norm and logits of rows [t0, t0 + m) of `rows` (the residual stream): all of them into
@@ -960,7 +967,7 @@ struct CudaTransformer::State {
         cuda::embedding(embedding.data(), ids.data() + t0, m, w.hidden, hidden.data(), stream);
       }
       for (int index = 0; index < config.num_layers; ++index) {
-        enqueue_layer(index, m, position + t0, cos_table + t0 * w.half_rotary,
+        enqueue_layer(index, m, schedule.position() + t0, cos_table + t0 * w.half_rotary,
                       sin_table + t0 * w.half_rotary, nullptr,
                       output_rows_of_layer(index, t0, m, n, all_logits));
       }
@@ -988,9 +995,10 @@ struct CudaTransformer::State {
     EventTimer estimate_timer, attention_timer;
     plans.clear();
     if (estimator)
-      check(cudaMemsetAsync(key_counters.data(), 0, 2 * sizeof(unsigned long long), stream),
+      check(cudaMemsetAsync(key_counters.data(), 0, sizeof(unsigned long long), stream),
             "counters");
-    int64_t host_keys = 0;  // dense layers' keys, counted on the host
+    int64_t host_keys = 0;                 // dense layers' keys, counted on the host
+    int64_t sparse_layers_dense_keys = 0;  // what full attention would read in sparse layers
     if (compress_in_prefill) {
       scratch_keys.allocate(static_cast<size_t>(w.kv) * context);
       scratch_values.allocate(static_cast<size_t>(w.kv) * context);
@@ -1056,6 +1064,7 @@ struct CudaTransformer::State {
         }
         const auto timed = stages.scope(Stage::kCacheWrites, stream);
         record_window(index, q, w.q, t0, m);
+        if (capture_inputs) capture(index, q, w.q, nullptr, 0, cache_keys, t0, m);
       }
       FlashShape shape = decode_shape(0);
       shape.tokens = n;
@@ -1083,12 +1092,13 @@ struct CudaTransformer::State {
         if (record_plans) plans.push_back(estimator->download_last(stream));
         if (plan.dense) {
           host_keys += static_cast<int64_t>(dense_keys_per_layer);
-        } else {
-          estimator->accumulate_keys_read(key_counters.data(), key_counters.data() + 1, stream);
+        } else {  // the kernel counts the keys it reads under a sparse plan
+          sparse_layers_dense_keys += static_cast<int64_t>(dense_keys_per_layer);
         }
         attention_timer.start(stream);
         flash_prefill_block_sparse(prompt_q.data(), cache_keys, cache_values, shape, plan,
-                                   prompt_attention.data(), stream);
+                                   prompt_attention.data(), stream, FlashKernel::kAuto,
+                                   key_counters.data());
         attention_timer.stop(stream);
       } else {
         host_keys += static_cast<int64_t>(dense_keys_per_layer);
@@ -1119,7 +1129,7 @@ struct CudaTransformer::State {
       const auto timed = stages.scope(Stage::kLogits, stream);
       enqueue_logits(prompt_hidden.data() + t0 * w.hidden, t0, m, n, all_logits, all);
     }
-    unsigned long long counters[2] = {0, 0};
+    unsigned long long counters[1] = {0};
     if (estimator) {
       check(cudaMemcpyAsync(counters, key_counters.data(), sizeof(counters), cudaMemcpyDeviceToHost,
                             stream),
@@ -1131,8 +1141,10 @@ struct CudaTransformer::State {
       scratch_keys.release();
       scratch_values.release();
     }
-    work.prefill_keys_read = host_keys + static_cast<int64_t>(counters[0]);
-    work.prefill_keys_dense = host_keys + static_cast<int64_t>(counters[1]);
+    // The kernel counts (query head, key) pairs; the work is per KV head.
+    const int64_t group = config.num_heads / config.num_kv_heads;
+    work.prefill_keys_read = host_keys + static_cast<int64_t>(counters[0]) / group;
+    work.prefill_keys_dense = host_keys + sparse_layers_dense_keys;
     work.estimate_ms = estimate_timer.total_ms();
     work.prefill_attention_ms = attention_timer.total_ms();
     if (stages.active) {  // these two are always timed here
@@ -1152,11 +1164,12 @@ struct CudaTransformer::State {
   // gathered into per-head caches sized to the longest head plus decode_room, and the full cache is
   // freed.
   void compress() {
+    const int position = schedule.position();
     begin_compression(position);
-    const int window_tokens = keeps_window ? std::min(window, window_count) : 0;
     for (int index = 0; index < config.num_layers; ++index) {
       Layer& layer = layers[index];
-      compress_layer(index, layer.keys.data(), layer.values.data(), position, window_tokens);
+      compress_layer(index, layer.keys.data(), layer.values.data(), position,
+                     schedule.window_tokens());
     }
     finish_compression();
   }
@@ -1175,6 +1188,7 @@ struct CudaTransformer::State {
         static_cast<int64_t>(config.num_layers) * config.num_kv_heads * tokens;
     work.cache_entries_after = 0;
     compression_workspace_floats = 1;
+    decode_plans.assign(record_plans ? config.num_layers : 0, LayerDecodePlan{});
     compression_seconds = 0;
     compression_memory_seconds = 0;
   }
@@ -1203,6 +1217,8 @@ struct CudaTransformer::State {
     const DeviceDecodePlan plan =
         compressor->plan(keeps_window ? window_oldest_first.data() : nullptr, window_tokens,
                          full_keys, context, tokens, index, stream);
+    if (record_plans)
+      decode_plans[index] = plan.heads == 0 ? LayerDecodePlan{} : compressor->download_last(stream);
     if (plan.heads == 0) {  // the cache is within this layer's budget: nothing to drop
       work.cache_entries_after += static_cast<int64_t>(config.num_kv_heads) * tokens;
       if (compress_in_prefill) keep_whole_layer(layer, full_keys, full_values, tokens, room);
@@ -1279,6 +1295,7 @@ struct CudaTransformer::State {
     work.cache_bytes_after = cache_bytes();
     work.compressed = true;
     compressed = true;
+    schedule.mark_compressed();
     drop_graph();  // the captured steps read the old caches
     work.compression_ms = 1e3 * compression_seconds;
     work.compression_memory_ms = 1e3 * compression_memory_seconds;
@@ -1292,10 +1309,7 @@ struct CudaTransformer::State {
 
   // Forgets the sequence; a compressed cache goes back to full size.
   void reset() {
-    position = 0;
-    window_count = 0;
-    prefilled = false;
-    tokens_since_prefill = 0;
+    schedule.reset();
     work = CudaAttentionWork{};
     if (compressed) {
       drop_graph();
@@ -1317,8 +1331,9 @@ struct CudaTransformer::State {
   // Runs the tokens through the model; leaves the logits of the last token (or, with all_logits, of
   // every token, copied into `all`) and returns the device pointer of the last token's logits.
   const float* run(std::span<const int32_t> tokens, bool all_logits, std::vector<float>* all) {
-    check_tokens(tokens);
+    schedule.check_span(tokens, config.vocab_size);
     const int64_t n = static_cast<int64_t>(tokens.size());
+    const int position = schedule.position();
     if (compress_in_prefill && !compressed && (position != 0 || n < 2)) {
       throw Error(
           "compress_during_prefill: the prompt must come whole, in one call of at least 2 "
@@ -1334,7 +1349,7 @@ struct CudaTransformer::State {
       }
       return logits.data();
     }
-    const bool is_prefill = !prefilled;
+    const bool is_prefill = schedule.is_prefill();
     if (graph_decodes(tokens, all_logits)) {
       decode(tokens[0]);
     } else {
@@ -1365,14 +1380,7 @@ struct CudaTransformer::State {
         stages.active = false;
       }
     }
-    position += static_cast<int>(n);
-    window_count = std::min<int>(window, window_count + static_cast<int>(n));
-    if (is_prefill) {
-      prefilled = true;
-    } else {
-      tokens_since_prefill += static_cast<int>(n);
-    }
-    if (compressor && !compressed && tokens_since_prefill >= compress_after) compress();
+    if (schedule.advance(n)) compress();
     return logits.data();
   }
 };
@@ -1453,7 +1461,7 @@ void CudaTransformer::set_attention(const AttentionConfig& attention, bool layer
   state_->configure_attention(options);
   state_->options = options;
 }
-int CudaTransformer::position() const { return state_->position; }
+int CudaTransformer::position() const { return state_->schedule.position(); }
 int CudaTransformer::context_length() const { return state_->context; }
 const ModelConfig& CudaTransformer::config() const { return state_->config; }
 const AttentionConfig& CudaTransformer::attention_config() const {
@@ -1466,6 +1474,16 @@ void CudaTransformer::set_record_plans(bool record) { state_->record_plans = rec
 void CudaTransformer::set_stage_timing(bool timing) { state_->stage_timing = timing; }
 const std::vector<LayerPrefillPlan>& CudaTransformer::recorded_plans() const {
   return state_->plans;
+}
+const std::vector<LayerDecodePlan>& CudaTransformer::recorded_decode_plans() const {
+  return state_->decode_plans;
+}
+void CudaTransformer::set_capture_attention_inputs(bool capture) {
+  state_->capture_inputs = capture;
+  state_->captured.assign(capture ? state_->config.num_layers : 0, CapturedAttentionInputs{});
+}
+const std::vector<CapturedAttentionInputs>& CudaTransformer::captured_attention_inputs() const {
+  return state_->captured;
 }
 void CudaTransformer::set_progress_callback(ProgressCallback callback) {
   state_->progress = std::move(callback);

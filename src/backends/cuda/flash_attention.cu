@@ -77,6 +77,8 @@ __global__ void __launch_bounds__(32 * kWarps)
   if constexpr (kSparse) {
     keys = detail::sparse_keys(p, kv_head, min_position, max_position);
     shift = keys.shift();
+    if (threadIdx.x == 0 && split == 0)
+      detail::count_tile_keys(p, keys, row0, last_row, first_position);
   }
   const int total_blocks = (max_position + shift + kMmaBlockN) / kMmaBlockN;
   const int blocks_per_split = (total_blocks + p.splits - 1) / p.splits;
@@ -398,7 +400,8 @@ void flash_prefill(const bf16* q, const bf16* key_cache, const bf16* value_cache
 
 void flash_prefill_block_sparse(const bf16* q, const bf16* key_cache, const bf16* value_cache,
                                 const FlashShape& shape, const DevicePrefillPlan& plan, bf16* out,
-                                cudaStream_t stream, FlashKernel kernel) {
+                                cudaStream_t stream, FlashKernel kernel,
+                                unsigned long long* keys_read) {
   const std::string prefix = "block-sparse attention: ";
   if (shape.first_position != 0) {
     throw Error(prefix + "runs a whole prompt: first_position must be 0, not " +
@@ -436,6 +439,7 @@ void flash_prefill_block_sparse(const bf16* q, const bf16* key_cache, const bf16
   params.segment_size = plan.segment_size;
   params.block_size = plan.block_size;
   params.num_segments = plan.num_segments;
+  params.keys_read = keys_read;
 
   // Every tile of packed rows must lie in one segment, since its rows share one key sequence.
   const int64_t segment_rows = static_cast<int64_t>(plan.segment_size) * params.group;

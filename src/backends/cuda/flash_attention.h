@@ -74,10 +74,12 @@ void flash_prefill(const bf16* q, const bf16* key_cache, const bf16* value_cache
 // contents are not validated here: block indices must satisfy the plan's invariants
 // (cpu::block_sparse_attention checks them); a selected key outside 0 .. segment start - 1 reads as
 // zeros rather than memory outside the prompt. Throws Error for a plan whose shape does not match
-// the call.
+// the call. With keys_read set, the kernel adds to that device counter the (query, key) pairs its
+// masks admitted, summed over query heads: the keys it actually read (a dense plan adds nothing).
 void flash_prefill_block_sparse(const bf16* q, const bf16* key_cache, const bf16* value_cache,
                                 const FlashShape& shape, const DevicePrefillPlan& plan, bf16* out,
-                                cudaStream_t stream, FlashKernel kernel = FlashKernel::kAuto);
+                                cudaStream_t stream, FlashKernel kernel = FlashKernel::kAuto,
+                                unsigned long long* keys_read = nullptr);
 
 // Split-KV decoding for few queries (one new token per sequence, or a handful) over a long cache.
 // splits 0 picks a count that fills the GPU. The workspace holds the partial results: at least

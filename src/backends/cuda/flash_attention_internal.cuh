@@ -47,6 +47,8 @@ struct SparseFlashParams : FlashParams {
   int segment_size = 0;
   int block_size = 0;
   int num_segments = 0;
+  // When set, each tile adds the (packed row, key) pairs its mask admits: the keys it read.
+  unsigned long long* keys_read = nullptr;
 };
 
 template <bool kSparse>
@@ -270,6 +272,18 @@ __host__ __device__ __forceinline__ SparseKeys sparse_keys(const SparseFlashPara
   keys.own_start = sparse ? segment * p.segment_size : 0;
   keys.last_position = last_token;
   return keys;
+}
+
+// The (packed row, key) pairs a sparse tile's mask admits: a row at position pos sees slots
+// 0 .. pos + shift. Added once per tile to p.keys_read when counting; each kernel calls it from
+// one thread.
+__device__ __forceinline__ void count_tile_keys(const SparseFlashParams& p, const SparseKeys& keys,
+                                                int row0, int last_row, int first_position) {
+  if (p.keys_read == nullptr) return;
+  unsigned long long pairs = 0;
+  for (int row = row0; row <= last_row; ++row)
+    pairs += static_cast<unsigned long long>(first_position + row / p.group + keys.shift() + 1);
+  atomicAdd(p.keys_read, pairs);
 }
 
 }  // namespace entropyinfer::cuda::detail
