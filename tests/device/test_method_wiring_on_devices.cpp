@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <iterator>
 #include <memory>
 #include <string>
@@ -184,6 +185,10 @@ TEST_P(MethodWiring, KeptEntriesAreThePolicysChoiceOnTheCapturedInputs) {
       }
     }
     ASSERT_GT(entries, 0);
+    std::cout << "[ measure ] " << decode_method_name(c.method)
+              << (c.per_query_head ? " per query head" : "") << " on " << device_label(GetParam())
+              << ": " << differing << " of " << entries
+              << " kept entries differ from the policy's on the captured inputs\n";
     EXPECT_LE(differing, entries / 50) << differing << " of " << entries << " kept entries differ";
   }
 }

@@ -8,11 +8,15 @@
 //   - under the same sparse prefill the fraction of keys read is the CPU's within 2%, the first
 //     sparse layer's plans (whose inputs differ only by the GPU's bf16 activations) share at least
 //     90% of their blocks with the CPU's, and the logits stay within relative L2 0.15 of the CPU's
-//     (the dense paths agree within 3e-2; on a random model the block scores are nearly flat, so
-//     the small input differences pick different blocks in later layers, printed per layer);
+//     (measured at worst 0.096; the dense paths agree within 3e-2; on a random model the block
+//     scores are nearly flat, so the small input differences pick different blocks in later layers,
+//     printed per layer; the wiring tests check the sparse path on each device against its own
+//     plan instead);
 //   - after each decode method's one-time compression the cache holds exactly as many entries as
-//     the CPU's, its memory shrinks, and decoding over it stays within relative L2 5e-2 of the CPU
-//     with the argmax agreeing on at least 80% of the steps;
+//     the CPU's, its memory shrinks, and decoding over it stays within relative L2 3e-2 of the CPU
+//     with the argmax agreeing on at least 90% of the steps (measured on the H200: at worst 1.3e-2
+//     and 24 of 25; a near-tie pick kept by one side only moves a later step's logits, which
+//     tests/device/test_method_wiring_on_devices.cpp bounds exactly per kept entry);
 //   - reset() gives back the full cache: the same prompt then gives the first run's logits.
 #include <gtest/gtest.h>
 
@@ -327,8 +331,8 @@ TEST(CudaTransformerPolicies, DecodeCompressionMatchesCpuPolicies) {
       ASSERT_TRUE(gpu_work.compressed);
       EXPECT_EQ(gpu_work.cache_entries_after, cpu_work.cache_entries_after);
       EXPECT_LT(gpu_model.kv_cache_bytes(), full_bytes);
-      EXPECT_LE(agreement.worst_relative_l2, 5e-2);
-      EXPECT_GE(agreement.argmax_matches, 0.8 * agreement.rows);
+      EXPECT_LE(agreement.worst_relative_l2, 3e-2);
+      EXPECT_GE(agreement.argmax_matches, 0.9 * agreement.rows);
 
       // reset() restores the full cache: the prompt gives the first run's logits again.
       gpu_model.reset();
