@@ -22,7 +22,7 @@
 
 #include "attention/attention_config.h"
 #include "attention/decode_policy.h"
-#include "backends/cuda/cuda_transformer.h"
+#include "engine/cuda/cuda_transformer.h"
 #include "bench_common.h"
 #include "core/error.h"
 #include "model/random_model.h"

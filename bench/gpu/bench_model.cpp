@@ -10,7 +10,7 @@
 #include <string>
 
 #include "backends/cuda/cuda_ops.h"
-#include "backends/cuda/cuda_transformer.h"
+#include "engine/cuda/cuda_transformer.h"
 #include "bench_common.h"
 #include "model/random_model.h"
 

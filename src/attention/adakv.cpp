@@ -67,19 +67,17 @@ LayerDecodePlan AdaKVPolicy::plan(const DecodeInputs& inputs) const {
   check_decode_inputs(inputs, true);
   LayerDecodePlan plan;
   plan.per_query_head = params_.per_query_head;
-  const int64_t length = inputs.cache_length;
-  if (length <= params_.budget) return plan;
-  const int64_t window = params_.window;
-  const int64_t candidates = length - window;
-  const int64_t candidate_budget = params_.budget - window;
-  const auto floor_per_head =
-      static_cast<int64_t>(params_.adakv_floor * static_cast<double>(candidate_budget));
+  const DecodeSelection selection =
+      decode_selection(DecodeMethod::kAdaKV, params_, inputs.num_q_heads, inputs.num_kv_heads,
+                       inputs.layer, inputs.num_layers, inputs.cache_length);
+  if (!selection.compresses) return plan;
+  const int64_t candidates = selection.candidates;
   const std::vector<float> scores = candidate_scores(inputs, params_, candidates);
-  const int heads = params_.per_query_head ? inputs.num_q_heads : inputs.num_kv_heads;
   plan.kept =
-      adaptive_head_selection(scores.data(), heads, candidates, candidate_budget, floor_per_head);
+      adaptive_head_selection(scores.data(), selection.lists, candidates,
+                              selection.keep + selection.shared / selection.lists, selection.keep);
   for (auto& kept : plan.kept) {
-    for (int64_t position = candidates; position < length; ++position) {
+    for (int64_t position = candidates; position < inputs.cache_length; ++position) {
       kept.push_back(static_cast<int32_t>(position));
     }
   }

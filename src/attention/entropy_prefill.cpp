@@ -7,8 +7,8 @@
 
 #include "attention/entropy_budget.h"
 #include "attention/policies.h"
-#include "backends/cpu/inline_dot.h"
 #include "core/error.h"
+#include "core/simd.h"
 
 namespace entropyinfer {
 namespace {

@@ -8,7 +8,10 @@
 namespace entropyinfer {
 
 LayerDecodePlan LatentDecodePolicy::plan(const DecodeInputs& inputs) const {
-  return select_top_per_head(inputs, params_, params_.budget);
+  return select_top_per_head(
+      inputs, params_,
+      decode_selection(DecodeMethod::kLatent, params_, inputs.num_q_heads, inputs.num_kv_heads,
+                       inputs.layer, inputs.num_layers, inputs.cache_length));
 }
 
 }  // namespace entropyinfer

@@ -38,16 +38,11 @@ int64_t pyramid_layer_budget(const DecodeParams& params, int layer, int num_laye
 }
 
 LayerDecodePlan PyramidKVPolicy::plan(const DecodeInputs& inputs) const {
-  check_decode_inputs(inputs, false);
   // Like SnapKV, nothing is compressed while the cache fits the (average) budget.
-  if (inputs.cache_length <= params_.budget) {
-    LayerDecodePlan plan;
-    plan.per_query_head = params_.per_query_head;
-    return plan;
-  }
-  const int64_t budget =
-      pyramid_layer_budget(params_, inputs.layer, inputs.num_layers, inputs.cache_length);
-  return select_top_per_head(inputs, params_, budget);
+  return select_top_per_head(
+      inputs, params_,
+      decode_selection(DecodeMethod::kPyramidKV, params_, inputs.num_q_heads, inputs.num_kv_heads,
+                       inputs.layer, inputs.num_layers, inputs.cache_length));
 }
 
 }  // namespace entropyinfer

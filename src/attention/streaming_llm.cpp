@@ -11,19 +11,19 @@ LayerDecodePlan StreamingLLMPolicy::plan(const DecodeInputs& inputs) const {
   check_decode_inputs(inputs, false);
   LayerDecodePlan plan;
   plan.per_query_head = params_.per_query_head;
+  const DecodeSelection selection =
+      decode_selection(DecodeMethod::kStreamingLLM, params_, inputs.num_q_heads,
+                       inputs.num_kv_heads, inputs.layer, inputs.num_layers, inputs.cache_length);
+  if (!selection.compresses) return plan;
   const int64_t length = inputs.cache_length;
-  const int64_t budget = params_.budget;
-  if (length <= budget) return plan;
-  const int64_t sinks = std::min<int64_t>(params_.sink_tokens, budget);
   std::vector<int32_t> kept;
-  kept.reserve(static_cast<size_t>(budget));
-  for (int64_t position = 0; position < sinks; ++position)
+  kept.reserve(static_cast<size_t>(selection.sinks + selection.recent));
+  for (int64_t position = 0; position < selection.sinks; ++position)
     kept.push_back(static_cast<int32_t>(position));
-  for (int64_t position = length - (budget - sinks); position < length; ++position) {
+  for (int64_t position = length - selection.recent; position < length; ++position) {
     kept.push_back(static_cast<int32_t>(position));
   }
-  const int heads = params_.per_query_head ? inputs.num_q_heads : inputs.num_kv_heads;
-  plan.kept.assign(heads, kept);
+  plan.kept.assign(selection.lists, kept);
   return plan;
 }
 

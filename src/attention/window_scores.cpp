@@ -6,8 +6,8 @@
 #include <numeric>
 #include <string>
 
-#include "backends/cpu/inline_dot.h"
 #include "core/error.h"
+#include "core/simd.h"
 
 namespace entropyinfer {
 namespace {}  // namespace
@@ -173,19 +173,17 @@ std::vector<int32_t> keep_top_and_window(const float* scores, int64_t candidates
 }
 
 LayerDecodePlan select_top_per_head(const DecodeInputs& inputs, const DecodeParams& params,
-                                    int64_t budget) {
+                                    const DecodeSelection& selection) {
   check_decode_inputs(inputs, true);
   LayerDecodePlan plan;
   plan.per_query_head = params.per_query_head;
-  if (inputs.cache_length <= budget) return plan;
-  const int64_t window = std::min<int64_t>(params.window, budget);
-  const int64_t candidates = inputs.cache_length - window;
+  if (!selection.compresses) return plan;
+  const int64_t candidates = selection.candidates;
   const std::vector<float> scores = candidate_scores(inputs, params, candidates);
-  const int heads = params.per_query_head ? inputs.num_q_heads : inputs.num_kv_heads;
-  plan.kept.resize(heads);
-  for (int head = 0; head < heads; ++head) {
-    plan.kept[head] = keep_top_and_window(scores.data() + head * candidates, candidates,
-                                          budget - window, inputs.cache_length);
+  plan.kept.resize(selection.lists);
+  for (int list = 0; list < selection.lists; ++list) {
+    plan.kept[list] = keep_top_and_window(scores.data() + list * candidates, candidates,
+                                          selection.keep, inputs.cache_length);
   }
   return plan;
 }

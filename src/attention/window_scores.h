@@ -11,6 +11,7 @@
 
 #include "attention/attention_config.h"
 #include "attention/decode_plan.h"
+#include "attention/decode_selection.h"
 
 namespace entropyinfer {
 
@@ -40,10 +41,10 @@ std::vector<float> candidate_scores(const DecodeInputs& inputs, const DecodePara
 std::vector<int32_t> keep_top_and_window(const float* scores, int64_t candidates, int64_t keep,
                                          int64_t cache_length);
 
-// SnapKV's selection with `budget` entries per head (window included): empty plan when the cache
-// holds no more than `budget` entries. Used by SnapKV, latent decode and PyramidKV.
+// SnapKV's selection, each list keeping its window and its selection.keep best candidates (an
+// empty plan when !selection.compresses). Used by SnapKV, latent decode and PyramidKV.
 LayerDecodePlan select_top_per_head(const DecodeInputs& inputs, const DecodeParams& params,
-                                    int64_t budget);
+                                    const DecodeSelection& selection);
 
 // Checks the shape of decode inputs (heads, window, strides); throws Error naming the problem.
 void check_decode_inputs(const DecodeInputs& inputs, bool needs_queries);

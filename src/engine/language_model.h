@@ -1,5 +1,5 @@
 // The one interface every command runs a model through, whatever the device: a CPU executor
-// (engine/transformer.h) and a CUDA executor (backends/cuda/cuda_transformer.h) implement it, and
+// (engine/transformer.h) and a CUDA executor (engine/cuda/cuda_transformer.h) implement it, and
 // make_language_model picks one from EngineOptions::device. Generation, evaluation and inspection
 // are written once against this class.
 #pragma once

@@ -8,7 +8,7 @@
 
 #ifdef ENTROPYINFER_WITH_CUDA
 #include "backends/cuda/cuda_common.h"
-#include "backends/cuda/cuda_transformer.h"
+#include "engine/cuda/cuda_transformer.h"
 #endif
 
 namespace entropyinfer {

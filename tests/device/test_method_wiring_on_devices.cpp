@@ -100,7 +100,8 @@ TEST_P(MethodWiring, EachDecodeMethodCompressesOnceAtItsStep) {
 // last W captured queries), and each method's run over the same tokens must have kept exactly that
 // (CPU), or that but for near-ties (CUDA: its kernels score in another order from bf16 caches;
 // tests/gpu/test_cuda_decode_compression.cpp bounds the scores of each differing pick, and a
-// wrong window or wrong keys change most candidate picks, far above the 2% allowed here).
+// wrong window or wrong keys change most candidate picks, far above the 0.5% allowed here; the
+// H200 measures 0 differing entries for every method).
 TEST_P(MethodWiring, KeptEntriesAreThePolicysChoiceOnTheCapturedInputs) {
   constexpr int kPromptTokens = 300, kWindow = 16;
   const ModelConfig& config = weights_->config;
@@ -189,7 +190,7 @@ TEST_P(MethodWiring, KeptEntriesAreThePolicysChoiceOnTheCapturedInputs) {
               << (c.per_query_head ? " per query head" : "") << " on " << device_label(GetParam())
               << ": " << differing << " of " << entries
               << " kept entries differ from the policy's on the captured inputs\n";
-    EXPECT_LE(differing, entries / 50) << differing << " of " << entries << " kept entries differ";
+    EXPECT_LE(differing, entries / 200) << differing << " of " << entries << " kept entries differ";
   }
 }
 

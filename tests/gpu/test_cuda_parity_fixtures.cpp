@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/cuda_transformer.h"
+#include "engine/cuda/cuda_transformer.h"
 #include "core/error.h"
 #include "engine/transformer.h"
 #include "gpu/gpu_test_support.h"

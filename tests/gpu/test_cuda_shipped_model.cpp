@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <iostream>
 
-#include "backends/cuda/cuda_transformer.h"
+#include "engine/cuda/cuda_transformer.h"
 #include "gpu/gpu_test_support.h"
 #include "model/model_weights.h"
 #include "shipped_model_support.h"

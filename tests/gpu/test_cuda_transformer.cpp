@@ -15,7 +15,7 @@
 #include <iostream>
 #include <memory>
 
-#include "backends/cuda/cuda_transformer.h"
+#include "engine/cuda/cuda_transformer.h"
 #include "engine/transformer.h"
 #include "expect_error.h"
 #include "gpu/gpu_test_support.h"

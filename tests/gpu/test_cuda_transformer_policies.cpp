@@ -26,7 +26,7 @@
 #include <iterator>
 #include <map>
 
-#include "backends/cuda/cuda_transformer.h"
+#include "engine/cuda/cuda_transformer.h"
 #include "engine/transformer.h"
 #include "expect_error.h"
 #include "gpu/gpu_test_support.h"

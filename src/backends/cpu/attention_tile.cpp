@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "backends/cpu/inline_dot.h"
+#include "core/simd.h"
 
 // The vector helpers below return vectors; they are always inlined into the cloned kernel, so the
 // ABI difference GCC warns about between the AVX and the portable clone never arises.

@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "backends/cpu/cpu_ops.h"
-#include "backends/cpu/inline_dot.h"
 #include "core/error.h"
+#include "core/simd.h"
 
 namespace entropyinfer::cpu {
 namespace {

@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "backends/cpu/attention_tile.h"
-#include "backends/cpu/inline_dot.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "core/simd.h"
 
-// Template helpers returning vectors are always inlined (inline_dot.h on -Wpsabi); GCC reports
+// Template helpers returning vectors are always inlined (core/simd.h on -Wpsabi); GCC reports
 // their instantiations at the end of the file, past any push/pop around them.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
@@ -68,7 +68,7 @@ template <TensorDtype Type>
 // Dot products of `Rows` weight rows with `Tokens` activation rows, each of length `in`. All Rows x
 // Tokens sums stay in registers while the shared k loop streams both operands once.
 // The helpers below are always inlined into linear_chunk, the function cloned per instruction set:
-// a call to a separate function would run that function's portable code (inline_dot.h).
+// a call to a separate function would run that function's portable code (core/simd.h).
 template <TensorDtype Type, int Rows, int Tokens>
 [[gnu::always_inline]] inline void dot_block(const WeightElement<Type>* const* w_rows,
                                              const float* const* x_rows, int64_t in,

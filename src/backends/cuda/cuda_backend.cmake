@@ -16,7 +16,7 @@ set(CMAKE_CUDA_STANDARD 20)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 set(CMAKE_CUDA_EXTENSIONS OFF)
 
-file(GLOB ENTROPYINFER_CUDA_SOURCES CONFIGURE_DEPENDS src/backends/cuda/*.cu)
+file(GLOB ENTROPYINFER_CUDA_SOURCES CONFIGURE_DEPENDS src/backends/cuda/*.cu src/engine/cuda/*.cu)
 add_library(entropyinfer_cuda STATIC ${ENTROPYINFER_CUDA_SOURCES})
 target_include_directories(entropyinfer_cuda PUBLIC src)
 target_link_libraries(entropyinfer_cuda PUBLIC entropyinfer_core CUDA::cudart CUDA::cublasLt)

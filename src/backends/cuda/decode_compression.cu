@@ -6,7 +6,7 @@
 #include <cmath>
 #include <string>
 
-#include "attention/pyramidkv.h"
+#include "attention/decode_selection.h"
 #include "backends/cuda/decode_compression.h"
 #include "backends/cuda/flash_attention_internal.cuh"
 
@@ -662,69 +662,6 @@ bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer
 
 bool needs_scores(DecodeMethod method) { return method != DecodeMethod::kStreamingLLM; }
 
-// What the CPU policy decides from the shape alone (no scores): whether it compresses, the window
-// it always keeps and how many candidates compete for how many places.
-struct LayerSelection {
-  bool empty = true;
-  int64_t window = 0;
-  int64_t candidates = 0;
-  int64_t keep = 0;    // candidates per head (AdaKV: each head's floor)
-  int64_t shared = 0;  // AdaKV: the candidates the layer's heads share
-  int64_t budget = 0;  // StreamingLLM: entries per head
-  int64_t sinks = 0;   // StreamingLLM
-};
-
-LayerSelection layer_selection(DecodeMethod method, const DecodeParams& params, int heads,
-                               int layer, int num_layers, int64_t cache_length) {
-  LayerSelection s;
-  if (cache_length <= params.budget) return s;  // no policy compresses a cache within K
-  switch (method) {
-    case DecodeMethod::kLatent:
-    case DecodeMethod::kSnapKV:
-    case DecodeMethod::kPyramidKV: {  // select_top_per_head with the (layer's) budget
-      const int64_t budget = method == DecodeMethod::kPyramidKV
-                                 ? pyramid_layer_budget(params, layer, num_layers, cache_length)
-                                 : params.budget;
-      if (cache_length <= budget) return s;
-      s.window = std::min<int64_t>(params.window, budget);
-      s.candidates = cache_length - s.window;
-      s.keep = std::clamp<int64_t>(budget - s.window, 0, s.candidates);
-      break;
-    }
-    case DecodeMethod::kAdaKV: {  // AdaKVPolicy::plan and adaptive_head_selection
-      s.window = params.window;
-      s.candidates = cache_length - s.window;
-      const int64_t candidate_budget = params.budget - s.window;
-      const auto floor_per_head =
-          static_cast<int64_t>(params.adakv_floor * static_cast<double>(candidate_budget));
-      const int64_t clamped_budget = std::clamp<int64_t>(candidate_budget, 0, s.candidates);
-      s.keep = std::clamp<int64_t>(floor_per_head, 0, clamped_budget);
-      s.shared = static_cast<int64_t>(heads) * (clamped_budget - s.keep);
-      break;
-    }
-    case DecodeMethod::kStreamingLLM:
-      s.budget = params.budget;
-      s.sinks = std::min<int64_t>(params.sink_tokens, params.budget);
-      break;
-    case DecodeMethod::kFull:
-      return s;
-  }
-  s.empty = false;
-  return s;
-}
-
-// Entries of the longest plan of any layer for caches up to max_cache_length, over all lists.
-int64_t max_plan_entries(DecodeMethod method, const DecodeParams& params, int heads, int num_layers,
-                         int64_t max_cache_length) {
-  int64_t per_head = params.budget;
-  if (method == DecodeMethod::kPyramidKV) {
-    // Layer 0 keeps the most, and its budget grows with the cache length.
-    per_head =
-        std::max<int64_t>(per_head, pyramid_layer_budget(params, 0, num_layers, max_cache_length));
-  }
-  return static_cast<int64_t>(heads) * per_head;  // AdaKV: the layer's total is heads * K
-}
-
 struct BufferSizes {
   size_t chunk_stats = 0, row_stats = 0, partial_scores = 0, candidate_scores = 0, taken = 0,
          counts = 0, radix_state = 0, histograms = 0, kept_offsets = 0, kept_indices = 0;
@@ -764,7 +701,8 @@ void check_compressor_arguments(DecodeMethod method, const DecodeParams& params,
   const int heads = selection_heads_of(params, num_q_heads, num_kv_heads);
   if (max_cache_length <= 0 || ceil_div(max_cache_length, kChunkKeys) > 65535 ||
       static_cast<int64_t>(heads) * max_cache_length >= (int64_t{1} << 31) ||
-      max_plan_entries(method, params, heads, num_layers, max_cache_length) >= (int64_t{1} << 31)) {
+      entries_bound(method, params, num_q_heads, num_kv_heads, num_layers, max_cache_length) >=
+          (int64_t{1} << 31)) {
     throw Error(
         "decode compression: a maximum cache of " + std::to_string(max_cache_length) +
         " entries for " + std::to_string(heads) +
@@ -778,8 +716,8 @@ BufferSizes buffer_sizes(DecodeMethod method, const DecodeParams& params, int nu
   const int heads = selection_heads_of(params, num_q_heads, num_kv_heads);
   const auto length = static_cast<size_t>(max_cache_length);
   sizes.kept_offsets = static_cast<size_t>(heads) + 1;
-  sizes.kept_indices = static_cast<size_t>(
-      std::max<int64_t>(1, max_plan_entries(method, params, heads, num_layers, max_cache_length)));
+  sizes.kept_indices = static_cast<size_t>(std::max<int64_t>(
+      1, entries_bound(method, params, num_q_heads, num_kv_heads, num_layers, max_cache_length)));
   if (!needs_scores(method)) return sizes;
   const auto window = static_cast<size_t>(params.window);
   const size_t query_groups = static_cast<size_t>(ceil_div(params.window, kQueryGroup));
@@ -853,11 +791,9 @@ size_t DecodeCompressor::device_bytes(DecodeMethod method, const DecodeParams& p
 }
 
 int64_t DecodeCompressor::longest_list_bound(int64_t cache_length, int layer) const {
-  const LayerSelection s =
-      layer_selection(method_, params_, selection_heads_, layer, num_layers_, cache_length);
-  if (s.empty) return 0;
-  if (method_ == DecodeMethod::kStreamingLLM) return s.budget;
-  return std::min(s.candidates, s.keep + s.shared) + s.window;
+  return decode_selection(method_, params_, num_q_heads_, num_kv_heads_, layer, num_layers_,
+                          cache_length)
+      .longest_list();
 }
 
 void DecodeCompressor::compute_candidate_scores(const bf16* window_queries, int window_tokens,
@@ -953,9 +889,9 @@ DeviceDecodePlan DecodeCompressor::plan(const bf16* window_queries, int window_t
   last_ = DeviceDecodePlan{};
   last_.per_query_head = params_.per_query_head;
   last_scored_ = false;
-  const LayerSelection selection =
-      layer_selection(method_, params_, selection_heads_, layer, num_layers_, cache_length);
-  if (selection.empty) return last_;
+  const DecodeSelection selection = decode_selection(method_, params_, num_q_heads_, num_kv_heads_,
+                                                     layer, num_layers_, cache_length);
+  if (!selection.compresses) return last_;
 
   DeviceDecodePlan view;
   view.heads = selection_heads_;
@@ -966,8 +902,9 @@ DeviceDecodePlan DecodeCompressor::plan(const bf16* window_queries, int window_t
 
   if (method_ == DecodeMethod::kStreamingLLM) {
     streaming_kernel<<<heads, 256, 0, stream>>>(
-        kept_offsets_.data(), kept_indices_.data(), heads, static_cast<int>(selection.budget),
-        static_cast<int>(selection.sinks), static_cast<int>(cache_length));
+        kept_offsets_.data(), kept_indices_.data(), heads,
+        static_cast<int>(selection.sinks + selection.recent), static_cast<int>(selection.sinks),
+        static_cast<int>(cache_length));
     check_launch("streaming_kernel");
     last_ = view;
     return view;

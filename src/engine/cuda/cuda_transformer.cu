@@ -6,18 +6,19 @@
 #include <sstream>
 
 #include "attention/decode_policy.h"
+#include "attention/decode_selection.h"
 #include "attention/entropy_prefill.h"
 #include "backends/cuda/cuda_ops.h"
-#include "backends/cuda/cuda_transformer.h"
 #include "backends/cuda/decode_compression.h"
 #include "backends/cuda/device_plans.h"
 #include "backends/cuda/flash_attention.h"
 #include "backends/cuda/prefill_estimate.h"
 #include "backends/cuda/prefill_qkv_epilogue.h"
 #include "backends/cuda/ragged_decode.h"
-#include "backends/cuda/weight_upload.h"
 #include "core/error.h"
 #include "core/stopwatch.h"
+#include "engine/cuda/cuda_transformer.h"
+#include "engine/cuda/weight_upload.h"
 #include "engine/rope.h"
 #include "engine/sampler.h"
 #include "engine/sequence_schedule.h"
@@ -92,15 +93,12 @@ int64_t layer_major_chunk(int64_t chunk, int segment_size, int block_size) {
 }
 
 // An upper bound on one layer's compressed cache rows (all cache heads, decode room included), for
-// the memory plan: every head is allocated at the longest head's length. AdaKV may give one head
-// up to its whole layer's budget, PyramidKV's lowest layer up to twice the average budget.
+// the memory plan: every head is allocated at the longest head's length.
 int64_t compressed_rows_bound(const ModelConfig& config, DecodeMethod method,
                               const DecodeParams& params, int context, int decode_room) {
   const int64_t heads = params.per_query_head ? config.num_heads : config.num_kv_heads;
-  int64_t longest = params.budget;
-  if (method == DecodeMethod::kAdaKV) longest *= heads;
-  if (method == DecodeMethod::kPyramidKV) longest *= 2;
-  longest = std::min<int64_t>(longest, context);
+  const int64_t longest = longest_list_bound(method, params, config.num_heads, config.num_kv_heads,
+                                             config.num_layers, context);
   const int64_t room = std::max(1, std::min(decode_room, context));
   return heads * (longest + room);
 }

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <thread>
 
-#include "backends/cuda/weight_upload.h"
 #include "core/half.h"
+#include "engine/cuda/weight_upload.h"
 
 namespace entropyinfer::cuda {
 namespace {

@@ -1,6 +1,6 @@
-// SIMD helpers meant to be inlined into the CPU kernels' inner loops, where the enclosing
-// function's target clone (AVX2 with FMA, or the portable default) decides the vector width and
-// whether multiply-adds become FMAs.
+// SIMD helpers meant to be inlined into host inner loops (the CPU kernels', the policies' scoring),
+// where the enclosing function's target clone (AVX2 with FMA, or the portable default) decides the
+// vector width and whether multiply-adds become FMAs.
 #pragma once
 
 #include <bit>
