@@ -7,8 +7,8 @@
 #   OUT            output folder (the device run sets it)
 #   GPU_ROUND      what to run: comma-separated subset of
 #                  build,quality,tests,generate,checkpoint,attention,sparse,model,methods,bench,gemm,
-#                  tuning,profile,needle,capacity (default: all but quality, checkpoint, gemm, tuning,
-#                  profile, needle and capacity)
+#                  tuning,profile,needle,inspect,capacity (default: all but quality, checkpoint, gemm, tuning,
+#                  profile, needle, inspect and capacity)
 #   checkpoint     a 16 GB Llama-3.1-8B-shaped bf16 folder saved by transformers: cold load to ready
 #                  against from_pretrained (CHECKPOINT_LOADS runs each), generate on a
 #                  CHECKPOINT_PROMPT-token prompt (default 130816) per method of METHODS next to bench,
@@ -385,6 +385,27 @@ if [[ "${steps}" == *",needle,"* && -x "${build}/entropyinfer" ]]; then
       --methods "${NEEDLE_METHODS:-full,entropy+latent,critiprefill+snapkv}" \
       --json "${out}/needle-${length}.json" 2>&1 | tee -a "${log}" || step_failed "needle ${length}"
   done
+fi
+
+if [[ "${steps}" == *",inspect,"* && -x "${build}/entropyinfer" ]]; then
+  # inspect's heatmaps on the GPU for a 128k-class prompt: INSPECT_PROMPT, default
+  # .cache/prompt-130k.txt (carry it), made by
+  #   cat ../shared/assets/text/janeausten/{northanger_abbey,persuasion}.txt | head -c 465000
+  # (130,283 tokens). The shipped model's weights with the context opened to 131072 positions: the
+  # plans' shapes and the time are what is shown, not answers.
+  section inspect
+  model_128k=/tmp/needle-llama-11m-128k
+  mkdir -p "${model_128k}"
+  for file in "${repo_root}"/models/needle-llama-11m/*; do ln -sf "${file}" "${model_128k}/"; done
+  rm -f "${model_128k}/config.json"
+  sed 's/"max_position_embeddings": 32768/"max_position_embeddings": 131072/' \
+    "${repo_root}/models/needle-llama-11m/config.json" > "${model_128k}/config.json"
+  start=$(date +%s)
+  /usr/bin/time -f "inspect 128k: %e s wall, %M KiB peak host memory" \
+    timeout -k 10 300 "${build}/entropyinfer" inspect -m "${model_128k}" --device cuda --prefill entropy \
+    -f "${INSPECT_PROMPT:-${repo_root}/.cache/prompt-130k.txt}" --no-blocks -o "${out}/inspect-128k" \
+    2>&1 | tee -a "${log}" || step_failed "inspect 128k"
+  summary+=("inspect 128k: $(( $(date +%s) - start )) s")
 fi
 
 if [[ "${steps}" == *",capacity,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
