@@ -11,6 +11,7 @@ Mutants marked `gpu` change the CUDA executor's host code; they run only with --
 with a GPU, against the GPU suite instead. Each line of output is one mutant as it finishes.
 """
 import argparse
+import filecmp
 import os
 import shutil
 import subprocess
@@ -222,7 +223,8 @@ def main():
     build = os.path.join(source, "build")
     os.makedirs(args.work, exist_ok=True)
     # The tree as it is now (build outputs, caches and git's own files left out), over any earlier
-    # copy; files unchanged since keep their times, so the copy's build stays incremental.
+    # copy. Only files whose content differs are written, with the current time (so the copy's
+    # build redoes exactly what changed); the others keep their times.
     skipped = {".git", ".cache", ".deps", "__pycache__"}
     for folder, subfolders, names in os.walk(ROOT):
         subfolders[:] = [d for d in subfolders if d not in skipped and not d.startswith("build")
@@ -230,13 +232,19 @@ def main():
         for name in names:
             origin = os.path.join(folder, name)
             target = os.path.join(source, os.path.relpath(origin, ROOT))
-            if os.path.exists(target) and os.path.getmtime(target) >= os.path.getmtime(origin):
+            if os.path.exists(target) and filecmp.cmp(origin, target, shallow=False):
                 continue
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            shutil.copy2(origin, target)
+            shutil.copyfile(origin, target)
+            shutil.copymode(origin, target)
     cache = os.path.join(ROOT, ".cache")
     if os.path.isdir(cache) and not os.path.exists(os.path.join(source, ".cache")):
         os.symlink(cache, os.path.join(source, ".cache"))
+    # The tests read the shared assets at ../shared from the source tree; without them the copy's
+    # suite would skip the llama2c and tokenizer references.
+    shared = os.path.join(os.path.dirname(ROOT), "shared")
+    if os.path.isdir(shared) and not os.path.exists(os.path.join(args.work, "shared")):
+        os.symlink(shared, os.path.join(args.work, "shared"))
     configure = ["cmake", "-S", source, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release"]
     if args.gpu:
         configure.append("-DENTROPYINFER_CUDA=ON")

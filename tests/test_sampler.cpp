@@ -105,11 +105,19 @@ TEST(Sampler, FrequenciesFollowTheExactDistributionAtEveryTemperatureAndCut) {
     float top_p;
   };
   const std::vector<Case> cases = {
-      {SamplerMode::kStandard, 0.5f, 0, 1.0f}, {SamplerMode::kStandard, 1.0f, 0, 1.0f},
-      {SamplerMode::kStandard, 2.0f, 0, 1.0f}, {SamplerMode::kStandard, 1.5f, 3, 1.0f},
-      {SamplerMode::kStandard, 1.0f, 0, 0.8f}, {SamplerMode::kStandard, 2.0f, 4, 0.7f},
-      {SamplerMode::kLlama2c, 0.5f, 0, 1.0f},  {SamplerMode::kLlama2c, 2.0f, 0, 1.0f},
-      {SamplerMode::kLlama2c, 1.0f, 0, 0.8f},  {SamplerMode::kLlama2c, 2.0f, 0, 0.6f},
+      {SamplerMode::kStandard, 0.5f, 0, 1.0f},
+      {SamplerMode::kStandard, 1.0f, 0, 1.0f},
+      {SamplerMode::kStandard, 2.0f, 0, 1.0f},
+      {SamplerMode::kStandard, 1.5f, 3, 1.0f},
+      {SamplerMode::kStandard, 1.0f, 0, 0.8f},
+      {SamplerMode::kStandard, 2.0f, 4, 0.7f},
+      // The two largest probabilities sum to 0.7213: the nucleus is exactly those two, and one
+      // reaching past top_p by even 0.03 would take the third.
+      {SamplerMode::kStandard, 1.0f, 0, 0.7f},
+      {SamplerMode::kLlama2c, 0.5f, 0, 1.0f},
+      {SamplerMode::kLlama2c, 2.0f, 0, 1.0f},
+      {SamplerMode::kLlama2c, 1.0f, 0, 0.8f},
+      {SamplerMode::kLlama2c, 2.0f, 0, 0.6f},
   };
   const int draws = 40000;
   for (const Case& c : cases) {

@@ -22,9 +22,9 @@
 
 #include "attention/attention_config.h"
 #include "attention/decode_policy.h"
-#include "engine/cuda/cuda_transformer.h"
 #include "bench_common.h"
 #include "core/error.h"
+#include "engine/cuda/cuda_transformer.h"
 #include "model/random_model.h"
 
 namespace entropyinfer::bench {

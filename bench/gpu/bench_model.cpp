@@ -10,8 +10,8 @@
 #include <string>
 
 #include "backends/cuda/cuda_ops.h"
-#include "engine/cuda/cuda_transformer.h"
 #include "bench_common.h"
+#include "engine/cuda/cuda_transformer.h"
 #include "model/random_model.h"
 
 namespace entropyinfer::bench {

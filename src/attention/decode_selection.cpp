@@ -60,26 +60,17 @@ DecodeSelection decode_selection(DecodeMethod method, const DecodeParams& params
   return s;
 }
 
-int64_t longest_list_bound(DecodeMethod method, const DecodeParams& params, int num_q_heads,
-                           int num_kv_heads, int num_layers, int64_t max_cache_length) {
-  int64_t longest = 0;
+DecodeSelectionBounds decode_selection_bounds(DecodeMethod method, const DecodeParams& params,
+                                              int num_q_heads, int num_kv_heads, int num_layers,
+                                              int64_t max_cache_length) {
+  DecodeSelectionBounds bounds;
   for (int layer = 0; layer < std::max(1, num_layers); ++layer) {
-    longest = std::max(longest, decode_selection(method, params, num_q_heads, num_kv_heads, layer,
-                                                 num_layers, max_cache_length)
-                                    .longest_list());
+    const DecodeSelection s = decode_selection(method, params, num_q_heads, num_kv_heads, layer,
+                                               num_layers, max_cache_length);
+    bounds.longest_list = std::max(bounds.longest_list, s.longest_list());
+    bounds.entries = std::max(bounds.entries, s.entries_bound());
   }
-  return longest;
-}
-
-int64_t entries_bound(DecodeMethod method, const DecodeParams& params, int num_q_heads,
-                      int num_kv_heads, int num_layers, int64_t max_cache_length) {
-  int64_t most = 0;
-  for (int layer = 0; layer < std::max(1, num_layers); ++layer) {
-    most = std::max(most, decode_selection(method, params, num_q_heads, num_kv_heads, layer,
-                                           num_layers, max_cache_length)
-                              .entries_bound());
-  }
-  return most;
+  return bounds;
 }
 
 }  // namespace entropyinfer

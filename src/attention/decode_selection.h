@@ -34,9 +34,12 @@ DecodeSelection decode_selection(DecodeMethod method, const DecodeParams& params
 
 // The largest longest_list() and entries_bound() of any layer for caches of up to max_cache_length
 // entries (both grow with the cache length): what memory plans reserve.
-int64_t longest_list_bound(DecodeMethod method, const DecodeParams& params, int num_q_heads,
-                           int num_kv_heads, int num_layers, int64_t max_cache_length);
-int64_t entries_bound(DecodeMethod method, const DecodeParams& params, int num_q_heads,
-                      int num_kv_heads, int num_layers, int64_t max_cache_length);
+struct DecodeSelectionBounds {
+  int64_t longest_list = 0;
+  int64_t entries = 0;
+};
+DecodeSelectionBounds decode_selection_bounds(DecodeMethod method, const DecodeParams& params,
+                                              int num_q_heads, int num_kv_heads, int num_layers,
+                                              int64_t max_cache_length);
 
 }  // namespace entropyinfer

@@ -8,10 +8,7 @@
 namespace entropyinfer {
 
 LayerDecodePlan LatentDecodePolicy::plan(const DecodeInputs& inputs) const {
-  return select_top_per_head(
-      inputs, params_,
-      decode_selection(DecodeMethod::kLatent, params_, inputs.num_q_heads, inputs.num_kv_heads,
-                       inputs.layer, inputs.num_layers, inputs.cache_length));
+  return select_top_per_head(DecodeMethod::kLatent, inputs, params_);
 }
 
 }  // namespace entropyinfer

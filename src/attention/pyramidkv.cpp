@@ -39,10 +39,7 @@ int64_t pyramid_layer_budget(const DecodeParams& params, int layer, int num_laye
 
 LayerDecodePlan PyramidKVPolicy::plan(const DecodeInputs& inputs) const {
   // Like SnapKV, nothing is compressed while the cache fits the (average) budget.
-  return select_top_per_head(
-      inputs, params_,
-      decode_selection(DecodeMethod::kPyramidKV, params_, inputs.num_q_heads, inputs.num_kv_heads,
-                       inputs.layer, inputs.num_layers, inputs.cache_length));
+  return select_top_per_head(DecodeMethod::kPyramidKV, inputs, params_);
 }
 
 }  // namespace entropyinfer

@@ -6,10 +6,7 @@
 namespace entropyinfer {
 
 LayerDecodePlan SnapKVPolicy::plan(const DecodeInputs& inputs) const {
-  return select_top_per_head(
-      inputs, params_,
-      decode_selection(DecodeMethod::kSnapKV, params_, inputs.num_q_heads, inputs.num_kv_heads,
-                       inputs.layer, inputs.num_layers, inputs.cache_length));
+  return select_top_per_head(DecodeMethod::kSnapKV, inputs, params_);
 }
 
 }  // namespace entropyinfer

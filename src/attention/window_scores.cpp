@@ -172,9 +172,12 @@ std::vector<int32_t> keep_top_and_window(const float* scores, int64_t candidates
   return order;
 }
 
-LayerDecodePlan select_top_per_head(const DecodeInputs& inputs, const DecodeParams& params,
-                                    const DecodeSelection& selection) {
+LayerDecodePlan select_top_per_head(DecodeMethod method, const DecodeInputs& inputs,
+                                    const DecodeParams& params) {
   check_decode_inputs(inputs, true);
+  const DecodeSelection selection =
+      decode_selection(method, params, inputs.num_q_heads, inputs.num_kv_heads, inputs.layer,
+                       inputs.num_layers, inputs.cache_length);
   LayerDecodePlan plan;
   plan.per_query_head = params.per_query_head;
   if (!selection.compresses) return plan;

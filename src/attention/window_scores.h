@@ -41,10 +41,11 @@ std::vector<float> candidate_scores(const DecodeInputs& inputs, const DecodePara
 std::vector<int32_t> keep_top_and_window(const float* scores, int64_t candidates, int64_t keep,
                                          int64_t cache_length);
 
-// SnapKV's selection, each list keeping its window and its selection.keep best candidates (an
-// empty plan when !selection.compresses). Used by SnapKV, latent decode and PyramidKV.
-LayerDecodePlan select_top_per_head(const DecodeInputs& inputs, const DecodeParams& params,
-                                    const DecodeSelection& selection);
+// SnapKV's selection under `method`'s decode_selection() for the layer: each list keeps its window
+// and its selection.keep best candidates (an empty plan when the selection does not compress).
+// Used by SnapKV, latent decode and PyramidKV.
+LayerDecodePlan select_top_per_head(DecodeMethod method, const DecodeInputs& inputs,
+                                    const DecodeParams& params);
 
 // Checks the shape of decode inputs (heads, window, strides); throws Error naming the problem.
 void check_decode_inputs(const DecodeInputs& inputs, bool needs_queries);

@@ -5,6 +5,19 @@
 
 namespace entropyinfer {
 
+void AttentionRecording::capture(int layer, const float* queries, int64_t q_width,
+                                 const float* keys, int64_t kv_width, int64_t m) {
+  CapturedAttentionInputs& inputs = captured[layer];
+  inputs.queries.insert(inputs.queries.end(), queries, queries + m * q_width);
+  inputs.keys.insert(inputs.keys.end(), keys, keys + m * kv_width);
+  inputs.tokens += m;
+}
+
+void LanguageModel::set_capture_attention_inputs(bool capture) {
+  recording_.capture_inputs = capture;
+  recording_.captured.assign(capture ? config().num_layers : 0, CapturedAttentionInputs{});
+}
+
 int32_t LanguageModel::forward_greedy(std::span<const int32_t> tokens) {
   const std::vector<float> logits = forward(tokens);
   check_logits_usable(logits);

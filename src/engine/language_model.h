@@ -41,6 +41,20 @@ struct CapturedAttentionInputs {
   std::vector<float> keys;     // [tokens][num_kv_heads][head_dim]
 };
 
+// What an executor keeps for inspection and tests while asked to (LanguageModel's
+// set_record_plans and set_capture_attention_inputs); both executors fill it alike.
+struct AttentionRecording {
+  bool record_plans = false;
+  std::vector<LayerPrefillPlan> prefill_plans;
+  std::vector<LayerDecodePlan> decode_plans;
+  bool capture_inputs = false;
+  std::vector<CapturedAttentionInputs> captured;  // one per layer while capturing
+
+  // Appends m tokens' rotated queries ([m][q_width]) and keys ([m][kv_width]) to `layer`.
+  void capture(int layer, const float* queries, int64_t q_width, const float* keys,
+               int64_t kv_width, int64_t m);
+};
+
 class LanguageModel {
  public:
   virtual ~LanguageModel() = default;
@@ -74,19 +88,23 @@ class LanguageModel {
   virtual const AttentionWork& attention_work() const = 0;
 
   // Keep every layer's prefill plan of the next prefill, and its decode plan of the compression,
-  // for inspection.
-  virtual void set_record_plans(bool record) = 0;
-  virtual const std::vector<LayerPrefillPlan>& recorded_plans() const = 0;
+  // for inspection (the CUDA executor reads each back as it is made, a synchronisation each).
+  void set_record_plans(bool record) { recording_.record_plans = record; }
+  const std::vector<LayerPrefillPlan>& recorded_plans() const { return recording_.prefill_plans; }
   // One per layer once the cache is compressed while plans are recorded: the cache indices each
   // head kept (an empty plan for a layer its policy left whole).
-  virtual const std::vector<LayerDecodePlan>& recorded_decode_plans() const = 0;
+  const std::vector<LayerDecodePlan>& recorded_decode_plans() const {
+    return recording_.decode_plans;
+  }
 
   // While on, every forward pass appends each layer's queries and keys after RoPE, so that a
   // policy's decisions can be rebuilt outside the model from what the model computed. Costly (the
   // CUDA executor copies them back and decodes without its graph): for tests and inspection.
   // Turning it on forgets what an earlier capture held.
-  virtual void set_capture_attention_inputs(bool capture) = 0;
-  virtual const std::vector<CapturedAttentionInputs>& captured_attention_inputs() const = 0;
+  void set_capture_attention_inputs(bool capture);
+  const std::vector<CapturedAttentionInputs>& captured_attention_inputs() const {
+    return recording_.captured;
+  }
 
   // Called during long forward passes with (tokens done, tokens total), for progress display.
   using ProgressCallback = std::function<void(int64_t done, int64_t total)>;
@@ -96,6 +114,9 @@ class LanguageModel {
   virtual std::string device_name() const = 0;
   // The executor's memory plan in one line, where it plans memory up front (empty otherwise).
   virtual std::string memory_description() const { return {}; }
+
+ protected:
+  AttentionRecording recording_;
 };
 
 enum class Device { kCpu, kCuda };

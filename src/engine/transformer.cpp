@@ -101,26 +101,18 @@ struct Transformer::State {
   std::vector<std::vector<float>> recent_queries;
 
   AttentionWork work;
-  bool record_plans = false;
-  std::vector<LayerPrefillPlan> plans;
-  std::vector<LayerDecodePlan> decode_plans;
-  bool capture_inputs = false;
-  std::vector<CapturedAttentionInputs> captured;
-
-  void capture(int layer, const float* queries, const float* keys, int64_t m) {
-    CapturedAttentionInputs& inputs = captured[layer];
-    const int64_t q_width = static_cast<int64_t>(config.num_heads) * config.head_dim;
-    const int64_t kv_width = static_cast<int64_t>(config.num_kv_heads) * config.head_dim;
-    inputs.queries.insert(inputs.queries.end(), queries, queries + m * q_width);
-    inputs.keys.insert(inputs.keys.end(), keys, keys + m * kv_width);
-    inputs.tokens += m;
-  }
+  AttentionRecording& recording;  // the model's, kept across set_attention()
 
   // Scratch.
   std::vector<float> hidden, normed, q, k, v, attention_out, projected, gate, up;
 
-  State(const ModelWeights& w, int context, const AttentionConfig& attention_config)
-      : weights(w), config(w.config), context_length(context), attention(attention_config) {
+  State(const ModelWeights& w, int context, const AttentionConfig& attention_config,
+        AttentionRecording& recording_of_model)
+      : weights(w),
+        config(w.config),
+        context_length(context),
+        attention(attention_config),
+        recording(recording_of_model) {
     attention.validate();
     prefill_policy = make_prefill_policy(attention);
     decode_policy = make_decode_policy(attention);
@@ -180,7 +172,7 @@ struct Transformer::State {
     for (const LayerCache& layer : cache) {
       for (int length : layer.lengths) work.cache_entries_before += length;
     }
-    decode_plans.clear();
+    recording.decode_plans.clear();
     for (int layer_index = 0; layer_index < config.num_layers; ++layer_index) {
       LayerCache& layer = cache[layer_index];
       DecodeInputs inputs;
@@ -195,7 +187,7 @@ struct Transformer::State {
       inputs.layer = layer_index;
       inputs.num_layers = config.num_layers;
       LayerDecodePlan plan = decode_policy->plan(inputs);
-      if (record_plans) decode_plans.push_back(plan);
+      if (recording.record_plans) recording.decode_plans.push_back(plan);
       if (plan.kept.empty()) continue;  // the cache is within the budget: nothing to drop
       int longest = 0;
       for (const auto& rows : plan.kept)
@@ -216,17 +208,14 @@ struct Transformer::State {
 Transformer::Transformer(const ModelWeights& weights, int context_length,
                          const AttentionConfig& attention) {
   state_ = std::make_unique<State>(weights, resolve_context_length(weights.config, context_length),
-                                   attention);
+                                   attention, recording_);
 }
 
 Transformer::~Transformer() = default;
 
 void Transformer::reset() { state_->reset(); }
 void Transformer::set_attention(const AttentionConfig& attention) {
-  const bool record = state_->record_plans, capture = state_->capture_inputs;
-  state_ = std::make_unique<State>(state_->weights, state_->context_length, attention);
-  state_->record_plans = record;
-  set_capture_attention_inputs(capture);
+  state_ = std::make_unique<State>(state_->weights, state_->context_length, attention, recording_);
 }
 std::string Transformer::device_name() const {
   return "cpu (" + std::to_string(omp_get_max_threads()) + " threads)";
@@ -237,18 +226,6 @@ const ModelConfig& Transformer::config() const { return state_->config; }
 const AttentionConfig& Transformer::attention_config() const { return state_->attention; }
 size_t Transformer::kv_cache_bytes() const { return state_->cache_bytes(); }
 const AttentionWork& Transformer::attention_work() const { return state_->work; }
-void Transformer::set_record_plans(bool record) { state_->record_plans = record; }
-const std::vector<LayerPrefillPlan>& Transformer::recorded_plans() const { return state_->plans; }
-const std::vector<LayerDecodePlan>& Transformer::recorded_decode_plans() const {
-  return state_->decode_plans;
-}
-void Transformer::set_capture_attention_inputs(bool capture) {
-  state_->capture_inputs = capture;
-  state_->captured.assign(capture ? state_->config.num_layers : 0, CapturedAttentionInputs{});
-}
-const std::vector<CapturedAttentionInputs>& Transformer::captured_attention_inputs() const {
-  return state_->captured;
-}
 void Transformer::set_progress_callback(ProgressCallback callback) {
   progress_ = std::move(callback);
 }
@@ -289,7 +266,7 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
   const int sliding_window = c.sliding_window.value_or(0);
   const bool plan_this_span = is_prefill && first_position == 0 &&
                               !(sliding_window > 0 && sliding_window < first_position + n);
-  if (is_prefill && s.record_plans) s.plans.clear();
+  if (is_prefill && s.recording.record_plans) s.recording.prefill_plans.clear();
 
   // Layer-major: every layer sees the whole new span before the next starts, so a policy can plan a
   // layer's attention from all of its queries and keys. Matrix products run in chunks so that only
@@ -349,7 +326,8 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
                       c.rope.rotate_adjacent_pairs);
       cpu::apply_rope(s.k.data(), m, c.num_kv_heads, head_dim, cos, sin, rotary_dim,
                       c.rope.rotate_adjacent_pairs);
-      if (s.capture_inputs) s.capture(layer_index, q, s.k.data(), m);
+      if (s.recording.capture_inputs)
+        s.recording.capture(layer_index, q, q_width, s.k.data(), kv_width, m);
       // Append to every cache head; after a per-query-head compression a KV head feeds g caches.
       const int source_group = cache.heads == c.num_kv_heads ? 1 : group;
       for (int64_t t = 0; t < m; ++t) {
@@ -402,7 +380,8 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
       if (plan_this_span && last_row_only) {
         // A policy still plans the layer when plans are recorded, so that they describe every
         // layer; the keys read are the last row's.
-        if (s.record_plans) s.plans.push_back(s.prefill_policy->plan(prefill_inputs(layer_index)));
+        if (s.recording.record_plans)
+          s.recording.prefill_plans.push_back(s.prefill_policy->plan(prefill_inputs(layer_index)));
         const int64_t row_keys = static_cast<int64_t>(c.num_kv_heads) * n;
         s.work.prefill_keys_read += row_keys;
         s.work.prefill_keys_dense += row_keys;
@@ -418,7 +397,7 @@ std::vector<float> Transformer::forward(std::span<const int32_t> tokens, bool al
         } else {
           s.work.prefill_keys_read += plan.keys_read_dense();
         }
-        if (s.record_plans) s.plans.push_back(std::move(plan));
+        if (s.recording.record_plans) s.recording.prefill_plans.push_back(std::move(plan));
       }
       if (!done) {
         cpu::causal_attention(s.q.data() + first_row * q_width, cache.keys.data(),

@@ -43,11 +43,6 @@ class Transformer : public LanguageModel {
   size_t kv_cache_bytes() const override;  // allocated
   const AttentionWork& attention_work() const override;
 
-  void set_record_plans(bool record) override;
-  const std::vector<LayerPrefillPlan>& recorded_plans() const override;
-  const std::vector<LayerDecodePlan>& recorded_decode_plans() const override;
-  void set_capture_attention_inputs(bool capture) override;
-  const std::vector<CapturedAttentionInputs>& captured_attention_inputs() const override;
   // Reports once per layer of a prompt longer than one chunk of matrix products.
   void set_progress_callback(ProgressCallback callback) override;
   std::string device_name() const override;  // "cpu (N threads)"

@@ -1,17 +1,21 @@
 // generate() through the one engine interface, the same bodies on every device (see
 // device_test_support.h), on the shipped model: seeded sampling repeats exactly under each
 // attention method while the method visibly changes the work, streamed text is the result's
-// text, and stop strings and stop tokens end the run where they appear.
+// text, sampled tokens are the sampler's on the model's own logits, and stop strings and stop
+// tokens end the run where they appear.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "device/device_test_support.h"
 #include "engine/generation.h"
+#include "engine/sampler.h"
 #include "model/model_weights.h"
 #include "tokenizer/tokenizer.h"
 
@@ -101,6 +105,69 @@ TEST_P(Generation, SeededSamplingRepeatsUnderEveryMethod) {
     if (work.compressed) {
       EXPECT_LT(work.cache_entries_after, work.cache_entries_before);
     }
+  }
+}
+
+// generate() samples from the model's logits with the configured sampler: replaying the same
+// tokens through forward() and a Sampler of the same options and seed gives the same tokens, one
+// for one, and at temperature 1.2 they are not the greedy ones.
+TEST_P(Generation, SampledTokensAreTheSamplersOnTheModelsLogits) {
+  const int context = static_cast<int>(prompt_.size()) + 64;
+  const std::unique_ptr<LanguageModel> model = open(*weights_, context);
+  GenerationOptions options;
+  options.max_tokens = 24;
+  const GenerationResult greedy = run(*model, options);
+  options.sampler.temperature = 1.2f;
+  options.sampler.seed = 77;
+  const GenerationResult sampled = run(*model, options);
+  ASSERT_EQ(sampled.tokens.size(), 24u) << sampled.stop_reason;
+  EXPECT_NE(sampled.tokens, greedy.tokens) << "generate took the argmax instead of sampling";
+
+  model->reset();
+  Sampler sampler(options.sampler);
+  const size_t sampled_ids =
+      std::min<size_t>(weights_->config.vocab_size, std::max(tokenizer_->vocab_size(), 0));
+  std::vector<float> logits = model->forward(prompt_);
+  std::vector<int32_t> replayed;
+  for (size_t step = 0; step < sampled.tokens.size(); ++step) {
+    replayed.push_back(sampler.sample(std::span<float>(logits.data(), sampled_ids)));
+    logits = model->forward(std::span<const int32_t>(&replayed.back(), 1));
+  }
+  EXPECT_EQ(replayed, sampled.tokens);
+}
+
+// A tokenizer with fewer ids than the model's vocabulary (the model's rows past it are padding).
+class FirstIdsTokenizer final : public Tokenizer {
+ public:
+  explicit FirstIdsTokenizer(int32_t size) : size_(size) {}
+  std::vector<int32_t> encode(std::string_view, const EncodeOptions&) const override { return {}; }
+  std::string token_bytes(int32_t id) const override { return "<" + std::to_string(id) + ">"; }
+  int32_t vocab_size() const override { return size_; }
+  std::optional<int32_t> bos_id() const override { return std::nullopt; }
+  std::vector<int32_t> eos_ids() const override { return {}; }
+  std::optional<int32_t> token_id(std::string_view) const override { return std::nullopt; }
+
+ private:
+  int32_t size_;
+};
+
+// Ids past the tokenizer's vocabulary are never produced, sampled or greedy (the executor's own
+// argmax would see every row, so greedy runs through the sampler then).
+TEST_P(Generation, OnlyIdsTheTokenizerHasAreProduced) {
+  const FirstIdsTokenizer tokenizer(1000);
+  ASSERT_GT(weights_->config.vocab_size, 2 * tokenizer.vocab_size());
+  const std::unique_ptr<LanguageModel> model =
+      open(*weights_, static_cast<int>(prompt_.size()) + 40);
+  for (const float temperature : {0.0f, 1.5f}) {
+    SCOPED_TRACE("temperature " + std::to_string(temperature));
+    GenerationOptions options;
+    options.max_tokens = 32;
+    options.sampler.temperature = temperature;
+    options.sampler.seed = 5;
+    model->reset();
+    const GenerationResult result = generate(*model, tokenizer, prompt_, options);
+    ASSERT_EQ(result.tokens.size(), 32u) << result.stop_reason;
+    for (const int32_t id : result.tokens) EXPECT_LT(id, tokenizer.vocab_size());
   }
 }
 

@@ -36,8 +36,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/cuda/cuda_transformer.h"
 #include "core/error.h"
+#include "engine/cuda/cuda_transformer.h"
 #include "engine/transformer.h"
 #include "gpu/gpu_test_support.h"
 #include "model/model_weights.h"

@@ -17,8 +17,8 @@
 
 #include "apps/entropyinfer/cli_common.h"
 #include "backends/cuda/cuda_common.h"
-#include "engine/cuda/cuda_transformer.h"
 #include "backends/cuda/device_info.h"
+#include "engine/cuda/cuda_transformer.h"
 #include "model/random_model.h"
 #endif
 

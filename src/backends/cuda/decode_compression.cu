@@ -701,8 +701,9 @@ void check_compressor_arguments(DecodeMethod method, const DecodeParams& params,
   const int heads = selection_heads_of(params, num_q_heads, num_kv_heads);
   if (max_cache_length <= 0 || ceil_div(max_cache_length, kChunkKeys) > 65535 ||
       static_cast<int64_t>(heads) * max_cache_length >= (int64_t{1} << 31) ||
-      entries_bound(method, params, num_q_heads, num_kv_heads, num_layers, max_cache_length) >=
-          (int64_t{1} << 31)) {
+      decode_selection_bounds(method, params, num_q_heads, num_kv_heads, num_layers,
+                              max_cache_length)
+              .entries >= (int64_t{1} << 31)) {
     throw Error(
         "decode compression: a maximum cache of " + std::to_string(max_cache_length) +
         " entries for " + std::to_string(heads) +
@@ -716,8 +717,10 @@ BufferSizes buffer_sizes(DecodeMethod method, const DecodeParams& params, int nu
   const int heads = selection_heads_of(params, num_q_heads, num_kv_heads);
   const auto length = static_cast<size_t>(max_cache_length);
   sizes.kept_offsets = static_cast<size_t>(heads) + 1;
-  sizes.kept_indices = static_cast<size_t>(std::max<int64_t>(
-      1, entries_bound(method, params, num_q_heads, num_kv_heads, num_layers, max_cache_length)));
+  sizes.kept_indices = static_cast<size_t>(
+      std::max<int64_t>(1, decode_selection_bounds(method, params, num_q_heads, num_kv_heads,
+                                                   num_layers, max_cache_length)
+                               .entries));
   if (!needs_scores(method)) return sizes;
   const auto window = static_cast<size_t>(params.window);
   const size_t query_groups = static_cast<size_t>(ceil_div(params.window, kQueryGroup));

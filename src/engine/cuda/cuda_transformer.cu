@@ -97,8 +97,9 @@ int64_t layer_major_chunk(int64_t chunk, int segment_size, int block_size) {
 int64_t compressed_rows_bound(const ModelConfig& config, DecodeMethod method,
                               const DecodeParams& params, int context, int decode_room) {
   const int64_t heads = params.per_query_head ? config.num_heads : config.num_kv_heads;
-  const int64_t longest = longest_list_bound(method, params, config.num_heads, config.num_kv_heads,
-                                             config.num_layers, context);
+  const int64_t longest = decode_selection_bounds(method, params, config.num_heads,
+                                                  config.num_kv_heads, config.num_layers, context)
+                              .longest_list;
   const int64_t room = std::max(1, std::min(decode_room, context));
   return heads * (longest + room);
 }
@@ -338,10 +339,7 @@ struct CudaTransformer::State {
   DeviceBuffer<unsigned long long> key_counters;  // keys the sparse kernel read (device)
   DeviceBuffer<float> ragged_workspace;
   CudaAttentionWork work;
-  bool record_plans = false;
-  std::vector<LayerDecodePlan> decode_plans;
-  bool capture_inputs = false;
-  std::vector<CapturedAttentionInputs> captured;
+  AttentionRecording* recording = nullptr;  // the model's
   LanguageModel::ProgressCallback progress;
 
   // set_capture_attention_inputs: m rows of layer `index`'s rotated queries (q_stride apart) and
@@ -368,10 +366,11 @@ struct CudaTransformer::State {
       }
     }
     check(cudaStreamSynchronize(stream), "captured attention inputs");
-    CapturedAttentionInputs& inputs = captured[index];
-    for (const bf16 value : queries) inputs.queries.push_back(__bfloat162float(value));
-    for (const bf16 value : keys) inputs.keys.push_back(__bfloat162float(value));
-    inputs.tokens += m;
+    std::vector<float> query_rows(queries.size()), key_rows(keys.size());
+    const auto widen = [](bf16 value) { return __bfloat162float(value); };
+    std::transform(queries.begin(), queries.end(), query_rows.begin(), widen);
+    std::transform(keys.begin(), keys.end(), key_rows.begin(), widen);
+    recording->capture(index, query_rows.data(), w.q, key_rows.data(), w.kv, m);
   }
 
   // Tells the progress callback that `done` of `total` prompt tokens have passed (through every
@@ -383,7 +382,6 @@ struct CudaTransformer::State {
   }
   bool stage_timing = false;  // break the next prefills' GPU time down by Stage
   StageTimes stages;
-  std::vector<LayerPrefillPlan> plans;
   std::vector<Layer> layers;
   DeviceBuffer<bf16> embedding, lm_head;  // lm_head empty when tied
   DeviceBuffer<float> final_norm;
@@ -787,7 +785,7 @@ struct CudaTransformer::State {
       const auto timed = stages.scope(Stage::kCacheWrites, stream);
       record_window(layer_index, q, w.qkv, first, m);
     }
-    if (capture_inputs) capture(layer_index, q, w.qkv, k, w.qkv, nullptr, 0, m);
+    if (recording->capture_inputs) capture(layer_index, q, w.qkv, k, w.qkv, nullptr, 0, m);
     if (layer.compressed) {
       // Single tokens only (run() feeds a compressed cache one token at a time).
       const RaggedShape shape = ragged_shape(layer);
@@ -847,14 +845,14 @@ struct CudaTransformer::State {
   // recorded (they describe every layer).
   bool layer_is_estimated(int index, int64_t n, bool all_logits) const {
     if (index < attention.prefill_params.dense_layers) return false;
-    return record_plans || output_rows_of_layer(index, 0, n, n, all_logits) == n;
+    return recording->record_plans || output_rows_of_layer(index, 0, n, n, all_logits) == n;
   }
 
   // The first row of the span [t0, t0 + m) of an n-token prompt whose query run_layer_major reads
   // in layer `index`: 0 but in a last layer that is not estimated, which reads the last row's
   // query and the observation window's (m when the span has none of them).
   int64_t first_query_row(int index, int64_t t0, int64_t m, int64_t n, bool all_logits) const {
-    if (capture_inputs || output_rows_of_layer(index, 0, n, n, all_logits) == n ||
+    if (recording->capture_inputs || output_rows_of_layer(index, 0, n, n, all_logits) == n ||
         layer_is_estimated(index, n, all_logits)) {
       return 0;
     }
@@ -912,7 +910,7 @@ struct CudaTransformer::State {
     // into the rings at positions only the host knows.
     const bool filling_window = keeps_window && !compressed;
     return tokens.size() == 1 && !all_logits && config.rope.scaling != RopeScaling::kDynamic &&
-           !filling_window && !capture_inputs;
+           !filling_window && !recording->capture_inputs;
   }
 
   // RoPE tables for positions position .. position + n - 1; dynamic scaling builds them into the
@@ -991,7 +989,7 @@ struct CudaTransformer::State {
                                    : chunk;
     const double dense_keys_per_layer = static_cast<double>(config.num_kv_heads) * n * (n + 1) / 2;
     EventTimer estimate_timer, attention_timer;
-    plans.clear();
+    recording->prefill_plans.clear();
     if (estimator)
       check(cudaMemsetAsync(key_counters.data(), 0, sizeof(unsigned long long), stream),
             "counters");
@@ -1062,7 +1060,7 @@ struct CudaTransformer::State {
         }
         const auto timed = stages.scope(Stage::kCacheWrites, stream);
         record_window(index, q, w.q, t0, m);
-        if (capture_inputs) capture(index, q, w.q, nullptr, 0, cache_keys, t0, m);
+        if (recording->capture_inputs) capture(index, q, w.q, nullptr, 0, cache_keys, t0, m);
       }
       FlashShape shape = decode_shape(0);
       shape.tokens = n;
@@ -1073,9 +1071,9 @@ struct CudaTransformer::State {
         // The last layer without all_logits: the prompt's last row alone (the last segment is
         // dense under every method), as a decode step over the filled cache. The estimate runs
         // only when plans are recorded (they describe every layer).
-        if (estimator && record_plans) {
+        if (estimator && recording->record_plans) {
           estimator->estimate(prompt_q.data(), w.q, n, index, stream);
-          plans.push_back(estimator->download_last(stream));
+          recording->prefill_plans.push_back(estimator->download_last(stream));
         }
         host_keys += static_cast<int64_t>(config.num_kv_heads) * n;
         attention_timer.start(stream);
@@ -1087,7 +1085,8 @@ struct CudaTransformer::State {
         estimate_timer.start(stream);
         const DevicePrefillPlan plan = estimator->estimate(prompt_q.data(), w.q, n, index, stream);
         estimate_timer.stop(stream);
-        if (record_plans) plans.push_back(estimator->download_last(stream));
+        if (recording->record_plans)
+          recording->prefill_plans.push_back(estimator->download_last(stream));
         if (plan.dense) {
           host_keys += static_cast<int64_t>(dense_keys_per_layer);
         } else {  // the kernel counts the keys it reads under a sparse plan
@@ -1186,7 +1185,8 @@ struct CudaTransformer::State {
         static_cast<int64_t>(config.num_layers) * config.num_kv_heads * tokens;
     work.cache_entries_after = 0;
     compression_workspace_floats = 1;
-    decode_plans.assign(record_plans ? config.num_layers : 0, LayerDecodePlan{});
+    recording->decode_plans.assign(recording->record_plans ? config.num_layers : 0,
+                                   LayerDecodePlan{});
     compression_seconds = 0;
     compression_memory_seconds = 0;
   }
@@ -1215,8 +1215,10 @@ struct CudaTransformer::State {
     const DeviceDecodePlan plan =
         compressor->plan(keeps_window ? window_oldest_first.data() : nullptr, window_tokens,
                          full_keys, context, tokens, index, stream);
-    if (record_plans)
-      decode_plans[index] = plan.heads == 0 ? LayerDecodePlan{} : compressor->download_last(stream);
+    if (recording->record_plans) {
+      recording->decode_plans[index] =
+          plan.heads == 0 ? LayerDecodePlan{} : compressor->download_last(stream);
+    }
     if (plan.heads == 0) {  // the cache is within this layer's budget: nothing to drop
       work.cache_entries_after += static_cast<int64_t>(config.num_kv_heads) * tokens;
       if (compress_in_prefill) keep_whole_layer(layer, full_keys, full_values, tokens, room);
@@ -1385,6 +1387,7 @@ struct CudaTransformer::State {
 
 CudaTransformer::CudaTransformer(const ModelWeights& weights, const CudaModelOptions& options)
     : state_(std::make_unique<State>()) {
+  state_->recording = &recording_;
   state_->allocate(weights.config, options);
   state_->load(weights);
 }
@@ -1392,6 +1395,7 @@ CudaTransformer::CudaTransformer(const ModelWeights& weights, const CudaModelOpt
 CudaTransformer::CudaTransformer(const ModelConfig& config, uint64_t seed,
                                  const CudaModelOptions& options)
     : state_(std::make_unique<State>()) {
+  state_->recording = &recording_;
   state_->allocate(config, options);
   state_->randomize(seed);
 }
@@ -1468,21 +1472,7 @@ const AttentionConfig& CudaTransformer::attention_config() const {
 const GpuMemoryPlan& CudaTransformer::memory_plan() const { return state_->plan; }
 const CudaAttentionWork& CudaTransformer::attention_work() const { return state_->work; }
 size_t CudaTransformer::kv_cache_bytes() const { return state_->cache_bytes(); }
-void CudaTransformer::set_record_plans(bool record) { state_->record_plans = record; }
 void CudaTransformer::set_stage_timing(bool timing) { state_->stage_timing = timing; }
-const std::vector<LayerPrefillPlan>& CudaTransformer::recorded_plans() const {
-  return state_->plans;
-}
-const std::vector<LayerDecodePlan>& CudaTransformer::recorded_decode_plans() const {
-  return state_->decode_plans;
-}
-void CudaTransformer::set_capture_attention_inputs(bool capture) {
-  state_->capture_inputs = capture;
-  state_->captured.assign(capture ? state_->config.num_layers : 0, CapturedAttentionInputs{});
-}
-const std::vector<CapturedAttentionInputs>& CudaTransformer::captured_attention_inputs() const {
-  return state_->captured;
-}
 void CudaTransformer::set_progress_callback(ProgressCallback callback) {
   state_->progress = std::move(callback);
 }

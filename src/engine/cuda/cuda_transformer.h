@@ -110,14 +110,6 @@ class CudaTransformer : public LanguageModel {
   const GpuMemoryPlan& memory_plan() const;
   const CudaAttentionWork& attention_work() const override;
 
-  // Keep every layer's prefill plan of the next layer-major prefill (each read back from the GPU
-  // as it is made, so this costs a synchronisation per layer: for tests and inspection).
-  void set_record_plans(bool record) override;
-  const std::vector<LayerPrefillPlan>& recorded_plans() const override;
-  const std::vector<LayerDecodePlan>& recorded_decode_plans() const override;
-  // Each layer's rows are copied back as they are made (a synchronisation each).
-  void set_capture_attention_inputs(bool capture) override;
-  const std::vector<CapturedAttentionInputs>& captured_attention_inputs() const override;
   // Reports after each chunk or layer of a prompt longer than chunk_tokens; it waits for the GPU
   // to get there, which costs a synchronisation per layer.
   void set_progress_callback(ProgressCallback callback) override;
