@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attention/adakv.h"
+#include "attention/decode_selection.h"
 #include "attention/policies.h"
 #include "attention/pyramidkv.h"
 #include "attention/window_scores.h"
@@ -461,6 +462,25 @@ TEST(DecodePolicies, EveryPlanKeepsTheWindowAndAscendingUniqueIndices) {
       const LayerDecodePlan plan = policy->plan(c.inputs(trial % 3, 3));
       if (plan.kept.empty()) continue;  // PyramidKV's bottom layer may keep everything
       ASSERT_EQ(plan.kept.size(), heads) << policy->name();
+      // The shape rules the GPU and the memory planner size by hold every list: exactly for the
+      // fixed-size methods, as a bound for AdaKV's and PyramidKV's.
+      const DecodeSelection selection = decode_selection(parse_decode_method(policy->name()), p,
+                                                         q_heads, kv_heads, trial % 3, 3, length);
+      size_t longest = 0, entries = 0;
+      for (const auto& kept : plan.kept) {
+        longest = std::max(longest, kept.size());
+        entries += kept.size();
+      }
+      EXPECT_LE(static_cast<int64_t>(longest), selection.longest_list()) << policy->name();
+      EXPECT_LE(static_cast<int64_t>(entries), selection.entries_bound()) << policy->name();
+      EXPECT_LE(static_cast<int64_t>(longest),
+                decode_selection_bounds(parse_decode_method(policy->name()), p, q_heads, kv_heads,
+                                        3, length)
+                    .longest_list)
+          << policy->name();
+      if (policy->name() != "adakv") {
+        EXPECT_EQ(static_cast<int64_t>(longest), selection.longest_list()) << policy->name();
+      }
       for (const auto& kept : plan.kept) {
         for (size_t i = 1; i < kept.size(); ++i) ASSERT_LT(kept[i - 1], kept[i]) << policy->name();
         ASSERT_GE(kept.front(), 0);
