@@ -52,16 +52,8 @@ __global__ void __launch_bounds__(32 * kWarps)
   const uint32_t k_tiles = q_tile + kBlockM * Tile::kRowBytes;
   const uint32_t v_tiles = k_tiles + kStages * Tile::kKvTileBytes;
 
-  // Row blocks of one KV head run side by side and share its K/V in L2; latest (longest) rows
-  // first.
-  int kv_head, row0;
-  if constexpr (kSparse) {
-    kv_head = blockIdx.x % p.kv_heads;
-    row0 = (gridDim.x / p.kv_heads - 1 - blockIdx.x / p.kv_heads) * kBlockM;
-  } else {
-    kv_head = blockIdx.y;
-    row0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
-  }
+  const int2 origin = detail::prefill_tile_origin<kSparse>(p.kv_heads, kBlockM);
+  const int kv_head = origin.x, row0 = origin.y;
   const int split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = p.group;
@@ -206,10 +198,8 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
   detail::cp_async_wait<0>();
 
-  sum_a = detail::quad_sum(sum_a);
-  sum_b = detail::quad_sum(sum_b);
-  const float inverse_a = sum_a > 0.0f ? 1.0f / sum_a : 0.0f;
-  const float inverse_b = sum_b > 0.0f ? 1.0f / sum_b : 0.0f;
+  float inverse_a, inverse_b;  // zeros for an empty cache or split
+  detail::finish_row_sums(sum_a, sum_b, inverse_a, inverse_b);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = half == 0 ? row_a : row_b;

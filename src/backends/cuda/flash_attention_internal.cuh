@@ -274,6 +274,29 @@ __host__ __device__ __forceinline__ SparseKeys sparse_keys(const SparseFlashPara
   return keys;
 }
 
+// After the last key tile: a thread's two rows' softmax sums, reduced over their quad in place, and
+// their inverses (0 for a row that saw no key, so that it writes zeros).
+__device__ __forceinline__ void finish_row_sums(float& sum_a, float& sum_b, float& inverse_a,
+                                                float& inverse_b) {
+  sum_a = quad_sum(sum_a);
+  sum_b = quad_sum(sum_b);
+  inverse_a = sum_a > 0.0f ? 1.0f / sum_a : 0.0f;
+  inverse_b = sum_b > 0.0f ? 1.0f / sum_b : 0.0f;
+}
+
+// The KV head and first packed row of a prefill CTA's tile. Row blocks of one KV head run side by
+// side and share its K/V in L2, latest (longest) rows first; dense grids are (row blocks, KV
+// heads), sparse ones one-dimensional with the KV heads of each row block adjacent.
+template <bool kSparse>
+__device__ __forceinline__ int2 prefill_tile_origin(int kv_heads, int block_m) {
+  const int block = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
+  if constexpr (kSparse) {
+    return make_int2(block % kv_heads, (blocks / kv_heads - 1 - block / kv_heads) * block_m);
+  } else {
+    return make_int2(static_cast<int>(blockIdx.y), (blocks - 1 - block) * block_m);
+  }
+}
+
 // The (packed row, key) pairs a sparse tile's mask admits: a row at position pos sees slots
 // 0 .. pos + shift. Added once per tile to p.keys_read when counting; each kernel calls it from
 // one thread.

@@ -300,16 +300,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const KernelPa
   const uint32_t q_tile = (shared_address(shared_raw) + 1023u) & ~1023u;
   const uint32_t stage_tiles = q_tile + Layout::kQBytes;
 
-  // Row blocks of one KV head run side by side and share its K/V in L2; latest (longest) rows
-  // first.
-  int kv_head, row0;
-  if constexpr (kSparse) {
-    kv_head = blockIdx.x % p.kv_heads;
-    row0 = (gridDim.x / p.kv_heads - 1 - blockIdx.x / p.kv_heads) * kBlockM;
-  } else {
-    kv_head = blockIdx.y;
-    row0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
-  }
+  const int2 origin = prefill_tile_origin<kSparse>(p.kv_heads, kBlockM);
+  const int kv_head = origin.x, row0 = origin.y;
   const int group = p.group;
   const int last_row = min(row0 + kBlockM, p.rows) - 1;
   const int min_position = p.first_position + row0 / group;
@@ -519,10 +511,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const KernelPa
     }
   }
 
-  sum_a = quad_sum(sum_a);
-  sum_b = quad_sum(sum_b);
-  const float inverse_a = sum_a > 0.0f ? 1.0f / sum_a : 0.0f;
-  const float inverse_b = sum_b > 0.0f ? 1.0f / sum_b : 0.0f;
+  float inverse_a, inverse_b;  // zeros for an empty cache or split
+  finish_row_sums(sum_a, sum_b, inverse_a, inverse_b);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = half == 0 ? row_a : row_b;

@@ -148,10 +148,8 @@ __global__ void __launch_bounds__(32) ragged_decode_kernel(const RaggedParams p)
   }
   detail::cp_async_wait<0>();
 
-  sum_a = detail::quad_sum(sum_a);
-  sum_b = detail::quad_sum(sum_b);
-  const float inverse_a = sum_a > 0.0f ? 1.0f / sum_a : 0.0f;  // an empty cache or split: zeros
-  const float inverse_b = sum_b > 0.0f ? 1.0f / sum_b : 0.0f;
+  float inverse_a, inverse_b;  // zeros for an empty cache or split
+  detail::finish_row_sums(sum_a, sum_b, inverse_a, inverse_b);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = half == 0 ? row_a : row_b;
