@@ -1,0 +1,101 @@
+// Many sequences in one model, for serving: each sequence has its own attention policies, schedule
+// and cache, and one step runs the next token of every decoding sequence through the weights
+// together (one pass over each weight matrix for the whole batch), while at most one prompt
+// advances its prefill by a number of layers. A long prefill thus runs in slices between decode
+// steps instead of freezing the other streams, and it is the same layer-major prefill the
+// single-sequence executor runs, so the prefill policies plan exactly as they do there.
+//
+// Cache memory is counted in pages of kv_page_rows rows of one (layer, cache head), drawn from one
+// pool of a fixed number of pages shared by all sequences: a head's cache holds whole pages, and a
+// compression returns the pages it no longer needs to the pool at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "attention/attention_config.h"
+#include "engine/language_model.h"
+#include "model/model_config.h"
+#include "model/model_weights.h"
+
+namespace entropyinfer {
+
+// Rows of one (layer, cache head) per page: small enough that a compressed head wastes little,
+// large enough that page bookkeeping is negligible next to attention.
+constexpr int kKvPageRows = 16;
+
+// Pages in use and free, and what one page holds.
+struct KvPoolUsage {
+  int64_t pages_total = 0;
+  int64_t pages_used = 0;
+  int64_t page_bytes = 0;  // keys and values of kKvPageRows rows of one head
+  int64_t pages_free() const { return pages_total - pages_used; }
+};
+
+struct BatchModelOptions {
+  Device device = Device::kCpu;
+  int context_length = 0;  // per sequence; 0 means the model's max_position_embeddings
+  int64_t pool_bytes = 0;  // the KV pool; 0 means enough for one full-context sequence
+};
+
+class BatchModel {
+ public:
+  using SequenceId = int64_t;
+  virtual ~BatchModel() = default;
+
+  // A new sequence that will prefill `prompt` under `attention` (validated: Error naming the
+  // problem) and then decode at most max_new_tokens tokens. Error when the prompt is empty, holds
+  // an id outside the vocabulary or does not fit in the context with them. Takes no cache memory
+  // until its prefill starts.
+  virtual SequenceId open(const AttentionConfig& attention, std::vector<int32_t> prompt,
+                          int max_new_tokens) = 0;
+  // Forgets the sequence and returns its pages to the pool.
+  virtual void close(SequenceId sequence) = 0;
+
+  struct StepInput {
+    std::vector<SequenceId> decode;      // sequences past their prefill, one new token each
+    std::vector<int32_t> decode_tokens;  // the token each feeds
+    SequenceId prefill = -1;             // a sequence whose prefill advances, or -1
+    int prefill_layers = 1;              // layers of that prefill this step runs (at least 1)
+  };
+  struct StepOutput {
+    std::vector<float> decode_logits;   // [decode.size()][vocab]
+    bool prefill_done = false;          // the prefill ran its last layer in this step
+    std::vector<float> prefill_logits;  // [vocab], the prompt's last token, when prefill_done
+  };
+  // Error when a sequence is unknown, appears twice, decodes before its prefill is done or past
+  // its context, or when the pool has no page left for a new row (callers admit by
+  // pages_needed, so that this does not happen).
+  virtual StepOutput step(const StepInput& input) = 0;
+
+  // The most pages a sequence of this prompt and answer length holds under `attention`: `peak`
+  // until its cache is compressed (the whole prompt is cached while it prefills), `steady` from
+  // then on (equal to peak for a method that never compresses). What admission reserves.
+  struct PageNeed {
+    int64_t peak = 0;
+    int64_t steady = 0;
+  };
+  virtual PageNeed pages_needed(const AttentionConfig& attention, int prompt_tokens,
+                                int max_new_tokens) const = 0;
+  virtual KvPoolUsage pool_usage() const = 0;
+  virtual int pages_held(SequenceId sequence) const = 0;
+
+  virtual int position(SequenceId sequence) const = 0;
+  virtual bool prefilled(SequenceId sequence) const = 0;
+  virtual bool compressed(SequenceId sequence) const = 0;
+  virtual const AttentionWork& attention_work(SequenceId sequence) const = 0;
+
+  virtual int context_length() const = 0;
+  virtual int num_layers() const = 0;
+  virtual const ModelConfig& config() const = 0;
+  virtual std::string device_name() const = 0;
+};
+
+// The batch executor on `options.device`. Error for a device this build or machine lacks.
+std::unique_ptr<BatchModel> make_batch_model(const ModelWeights& weights,
+                                             const BatchModelOptions& options);
+
+}  // namespace entropyinfer

@@ -1,0 +1,177 @@
+// The CPU BatchModel: sequences of one CpuExecutor, their caches charged to one KvPagePool.
+#include <omp.h>
+
+#include <map>
+#include <string>
+
+#include "core/error.h"
+#include "engine/batch_model.h"
+#include "engine/cpu_executor.h"
+#include "engine/sequence_schedule.h"
+
+namespace entropyinfer {
+namespace {
+
+class CpuBatchModel : public BatchModel {
+ public:
+  CpuBatchModel(const ModelWeights& weights, const BatchModelOptions& options)
+      : weights_(weights),
+        executor_(weights, resolve_context_length(weights.config, options.context_length)),
+        pool_(pool_pages(weights.config, executor_.context_length(), options.pool_bytes),
+              kKvPageRows, page_bytes(weights.config)) {}
+
+  SequenceId open(const AttentionConfig& attention, std::vector<int32_t> prompt,
+                  int max_new_tokens) override {
+    const ModelConfig& c = weights_.config;
+    if (prompt.empty()) throw Error("the prompt is empty: at least one token is needed");
+    if (max_new_tokens < 0) throw Error("max_new_tokens must be >= 0");
+    const int64_t rows = static_cast<int64_t>(prompt.size()) + max_new_tokens;
+    if (rows > executor_.context_length()) {
+      throw Error("the prompt's " + std::to_string(prompt.size()) + " tokens and " +
+                  std::to_string(max_new_tokens) + " new ones exceed the " +
+                  std::to_string(executor_.context_length()) + "-token context");
+    }
+    for (int32_t token : prompt) {
+      if (token < 0 || token >= c.vocab_size) {
+        throw Error("token id " + std::to_string(token) + " is outside the vocabulary of " +
+                    std::to_string(c.vocab_size));
+      }
+    }
+    auto entry = std::make_unique<Entry>();
+    entry->prompt = std::move(prompt);
+    entry->row_limit = static_cast<int>(rows);
+    entry->sequence = executor_.new_sequence(attention, entry->recording, &pool_, entry->row_limit);
+    const SequenceId id = next_id_++;
+    sequences_.emplace(id, std::move(entry));
+    return id;
+  }
+
+  void close(SequenceId sequence) override { sequences_.erase(sequence); }
+
+  StepOutput step(const StepInput& input) override {
+    StepOutput output;
+    if (input.decode.size() != input.decode_tokens.size())
+      throw Error("step: one decode token per decoding sequence");
+    std::vector<CpuExecutor::Sequence*> decoding;
+    decoding.reserve(input.decode.size());
+    for (SequenceId id : input.decode) {
+      Entry& entry = find(id);
+      const SequenceSchedule& schedule = CpuExecutor::schedule(*entry.sequence);
+      if (schedule.is_prefill()) throw Error("sequence " + std::to_string(id) + " is prefilling");
+      if (schedule.position() + 1 > entry.row_limit) {
+        throw Error("sequence " + std::to_string(id) + " decodes past the " +
+                    std::to_string(entry.row_limit) + " rows it was opened for");
+      }
+      decoding.push_back(entry.sequence.get());
+    }
+    output.decode_logits = executor_.decode(decoding, input.decode_tokens);
+    if (input.prefill >= 0) {
+      Entry& entry = find(input.prefill);
+      if (!CpuExecutor::schedule(*entry.sequence).is_prefill())
+        throw Error("sequence " + std::to_string(input.prefill) + " has finished its prefill");
+      if (!entry.job) entry.job = executor_.begin_span(*entry.sequence, entry.prompt, false);
+      for (int i = 0;
+           i < std::max(input.prefill_layers, 1) && !executor_.span_layers_done(*entry.job); ++i) {
+        executor_.run_span_layer(*entry.job);
+      }
+      if (executor_.span_layers_done(*entry.job)) {
+        output.prefill_logits = executor_.finish_span(*entry.job);
+        output.prefill_done = true;
+        entry.job.reset();
+      }
+    }
+    return output;
+  }
+
+  PageNeed pages_needed(const AttentionConfig& attention, int prompt_tokens,
+                        int max_new_tokens) const override {
+    const int rows = std::min(prompt_tokens + max_new_tokens, executor_.context_length());
+    const KvPageNeed need =
+        kv_pages_needed(weights_.config, attention, kKvPageRows, prompt_tokens, rows);
+    return {need.peak, need.steady};
+  }
+
+  KvPoolUsage pool_usage() const override {
+    KvPoolUsage usage;
+    usage.pages_total = pool_.pages_total();
+    usage.pages_used = pool_.pages_used();
+    usage.page_bytes = pool_.page_bytes();
+    return usage;
+  }
+  int pages_held(SequenceId sequence) const override {
+    return static_cast<int>(CpuExecutor::cache_pages(*find(sequence).sequence));
+  }
+  int position(SequenceId sequence) const override {
+    return CpuExecutor::schedule(*find(sequence).sequence).position();
+  }
+  bool prefilled(SequenceId sequence) const override {
+    return !CpuExecutor::schedule(*find(sequence).sequence).is_prefill();
+  }
+  bool compressed(SequenceId sequence) const override {
+    return CpuExecutor::schedule(*find(sequence).sequence).compressed();
+  }
+  const AttentionWork& attention_work(SequenceId sequence) const override {
+    return CpuExecutor::work(*find(sequence).sequence);
+  }
+  int context_length() const override { return executor_.context_length(); }
+  int num_layers() const override { return weights_.config.num_layers; }
+  const ModelConfig& config() const override { return weights_.config; }
+  std::string device_name() const override {
+    return "cpu (" + std::to_string(omp_get_max_threads()) + " threads)";
+  }
+
+ private:
+  struct Entry {
+    std::vector<int32_t> prompt;
+    int row_limit = 0;
+    AttentionRecording recording;  // never asked to record; the executor needs one
+    CpuExecutor::SequencePtr sequence;
+    CpuExecutor::SpanJobPtr job;  // the prefill while it runs
+  };
+
+  static int64_t page_bytes(const ModelConfig& c) {
+    return 2 * static_cast<int64_t>(kKvPageRows) * c.head_dim * static_cast<int64_t>(sizeof(float));
+  }
+  static int64_t pool_pages(const ModelConfig& c, int context, int64_t pool_bytes) {
+    if (pool_bytes > 0) {
+      const int64_t pages = pool_bytes / page_bytes(c);
+      if (pages < 1)
+        throw Error("the KV pool of " + std::to_string(pool_bytes) +
+                    " bytes holds not one page of " + std::to_string(page_bytes(c)));
+      return pages;
+    }
+    return kv_pages_needed(c, AttentionConfig{}, kKvPageRows, context, context).peak;
+  }
+
+  Entry& find(SequenceId id) {
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) throw Error("no sequence " + std::to_string(id));
+    return *it->second;
+  }
+  const Entry& find(SequenceId id) const {
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) throw Error("no sequence " + std::to_string(id));
+    return *it->second;
+  }
+
+  const ModelWeights& weights_;
+  CpuExecutor executor_;
+  KvPagePool pool_;
+  // Entries hold caches charged to pool_, so they are destroyed first.
+  std::map<SequenceId, std::unique_ptr<Entry>> sequences_;
+  SequenceId next_id_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<BatchModel> make_batch_model(const ModelWeights& weights,
+                                             const BatchModelOptions& options) {
+  if (options.device == Device::kCuda) {
+    throw Error(
+        "serving on cuda is not built yet: the CUDA executor runs one sequence at a time; "
+        "serve with --device cpu");
+  }
+  return std::make_unique<CpuBatchModel>(weights, options);
+}
+
+}  // namespace entropyinfer
