@@ -12,8 +12,9 @@ namespace entropyinfer::cuda {
 namespace {
 
 constexpr int kBlockN = 32;  // keys per tile
-constexpr int kStages = 4;   // tiles in flight per warp: three loads overlap each tile's math
-constexpr int kRows = 16;    // query rows of one mma tile
+static_assert(kBlockN == kPagedRows, "a page holds one key tile");
+constexpr int kStages = 4;  // tiles in flight per warp: three loads overlap each tile's math
+constexpr int kRows = 16;   // query rows of one mma tile
 
 template <int kHeadDim>
 struct RaggedTile {
@@ -37,6 +38,15 @@ struct RaggedParams {
   float* partial_lse = nullptr;
   int64_t cache_stride = 0;
   int q_heads = 0;
+  // Paged layout (paged_decode): `batch` sequences of `caches` caches each; cache c of sequence b
+  // is entry b * caches + c of lengths and of page_tables, whose key tile i (kBlockN rows) lives in
+  // page page_tables[entry * max_pages + i] of the k and v pools. Without page tables: one
+  // sequence, cache c at c * cache_stride rows.
+  const int32_t* page_tables = nullptr;
+  int64_t max_pages = 0;
+  int caches = 1;
+  int64_t q_stride = 0;  // elements from one sequence's queries to the next's
+  int total_heads = 0;   // batch * q_heads: the output rows and the partial slots per split
   int group = 1;
   int rows = 1;  // query heads per cache: group, or 1 when per_query_head
   bool per_query_head = false;
@@ -62,12 +72,16 @@ __global__ void __launch_bounds__(32) ragged_decode_kernel(const RaggedParams p)
   const uint32_t v_tiles = k_tiles + kStages * Tile::kKvTileBytes;
 
   const int row0 = blockIdx.x * kRows;
-  const int cache = blockIdx.y;
+  const int entry = blockIdx.y;
+  const int sequence = entry / p.caches;
+  const int cache = entry % p.caches;
   const int split = blockIdx.z;
   const int lane = threadIdx.x;
+  const bf16* q_sequence = p.q + static_cast<int64_t>(sequence) * p.q_stride;
+  const int first_head = sequence * p.q_heads;
 
   // Each split takes an equal share of its own cache's tiles, so short heads finish early.
-  const int length = min(max(p.lengths[cache], 0), static_cast<int>(p.cache_stride));
+  const int length = min(max(p.lengths[entry], 0), static_cast<int>(p.cache_stride));
   const int total_blocks = (length + kBlockN - 1) / kBlockN;
   const int blocks_per_split = (total_blocks + p.splits - 1) / p.splits;
   const int block_begin = min(total_blocks, split * blocks_per_split);
@@ -75,25 +89,34 @@ __global__ void __launch_bounds__(32) ragged_decode_kernel(const RaggedParams p)
 
   const bf16* k_head = p.k + static_cast<int64_t>(cache) * p.cache_stride * kHeadDim;
   const bf16* v_head = p.v + static_cast<int64_t>(cache) * p.cache_stride * kHeadDim;
+  const int32_t* pages = p.page_tables != nullptr
+                             ? p.page_tables + static_cast<int64_t>(entry) * p.max_pages
+                             : nullptr;
 
   for (int index = lane; index < kRows * kChunks; index += 32) {
     const int r = index / kChunks, c = index % kChunks;
     const int row = row0 + r;
     const bool valid = row < p.rows;
     const bf16* source =
-        valid ? p.q + static_cast<int64_t>(query_head_of(p, cache, row)) * kHeadDim + c * 8 : p.q;
+        valid ? q_sequence + static_cast<int64_t>(query_head_of(p, cache, row)) * kHeadDim + c * 8
+              : p.q;
     detail::cp_async_16(swizzled<kHeadDim>(q_tile, r, c), source, valid ? 16 : 0);
   }
   auto load_kv = [&](int block, int stage) {
     const uint32_t k_tile = k_tiles + stage * Tile::kKvTileBytes;
     const uint32_t v_tile = v_tiles + stage * Tile::kKvTileBytes;
+    // The tile's first row: a page of its own, or the block's place in the contiguous cache.
+    const int64_t first_row = pages != nullptr ? static_cast<int64_t>(pages[block]) * kBlockN
+                                               : static_cast<int64_t>(block) * kBlockN;
+    const bf16* k_rows = (pages != nullptr ? p.k : k_head) + first_row * kHeadDim;
+    const bf16* v_rows = (pages != nullptr ? p.v : v_head) + first_row * kHeadDim;
     for (int index = lane; index < kBlockN * kChunks; index += 32) {
       const int r = index / kChunks, c = index % kChunks;
       const int key = block * kBlockN + r;
       const bool valid = key < length;  // rows past the length are zeros, so 0 * V stays finite
-      const int64_t offset = static_cast<int64_t>(valid ? key : 0) * kHeadDim + c * 8;
-      detail::cp_async_16(swizzled<kHeadDim>(k_tile, r, c), k_head + offset, valid ? 16 : 0);
-      detail::cp_async_16(swizzled<kHeadDim>(v_tile, r, c), v_head + offset, valid ? 16 : 0);
+      const int64_t offset = static_cast<int64_t>(valid ? r : 0) * kHeadDim + c * 8;
+      detail::cp_async_16(swizzled<kHeadDim>(k_tile, r, c), k_rows + offset, valid ? 16 : 0);
+      detail::cp_async_16(swizzled<kHeadDim>(v_tile, r, c), v_rows + offset, valid ? 16 : 0);
     }
   };
   // Group s of the prologue holds block_begin + s (the first also the queries); the group committed
@@ -154,7 +177,7 @@ __global__ void __launch_bounds__(32) ragged_decode_kernel(const RaggedParams p)
   for (int half = 0; half < 2; ++half) {
     const int row = half == 0 ? row_a : row_b;
     if (row >= p.rows) continue;
-    const int head = query_head_of(p, cache, row);
+    const int head = first_head + query_head_of(p, cache, row);
     const float inverse = half == 0 ? inverse_a : inverse_b;
     if (p.partial_out == nullptr) {
       bf16* out = p.out + static_cast<int64_t>(head) * kHeadDim;
@@ -164,7 +187,7 @@ __global__ void __launch_bounds__(32) ragged_decode_kernel(const RaggedParams p)
             detail::pack_bf16(o[i][2 * half] * inverse, o[i][2 * half + 1] * inverse);
       }
     } else {
-      const int64_t slot = static_cast<int64_t>(split) * p.q_heads + head;
+      const int64_t slot = static_cast<int64_t>(split) * p.total_heads + head;
       float* out = p.partial_out + slot * kHeadDim;
 #pragma unroll
       for (int i = 0; i < kTilesD; ++i) {
@@ -239,6 +262,31 @@ __global__ void ragged_append_kernel(const bf16* k, const bf16* v, int head_dim,
     value_cache[target + e] = v[static_cast<int64_t>(kv_head) * head_dim + e];
   }
   if (threadIdx.x == 0) lengths[cache] = row + 1;
+}
+
+// One block per (sequence, cache) entry, as ragged_append_kernel, into the entry's pages.
+__global__ void paged_append_kernel(const bf16* k, const bf16* v, int64_t row_stride, int head_dim,
+                                    int caches, int group, bool per_query_head,
+                                    const int32_t* page_tables, int64_t max_pages, bf16* key_pool,
+                                    bf16* value_pool, int32_t* lengths) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
+  const int entry = blockIdx.x;
+  const int sequence = entry / caches;
+  const int cache = entry % caches;
+  const int kv_head = per_query_head ? cache / group : cache;
+  const int row = lengths[entry];
+  __syncthreads();
+  if (row < 0 || row >= max_pages * kBlockN) return;  // full: the caller broke its guarantee
+  const int64_t page = page_tables[static_cast<int64_t>(entry) * max_pages + row / kBlockN];
+  const int64_t target = (page * kBlockN + row % kBlockN) * head_dim;
+  const int64_t source =
+      static_cast<int64_t>(sequence) * row_stride + static_cast<int64_t>(kv_head) * head_dim;
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
+    key_pool[target + e] = k[source + e];
+    value_pool[target + e] = v[source + e];
+  }
+  if (threadIdx.x == 0) lengths[entry] = row + 1;
 }
 
 void check_shape(const RaggedShape& shape, bool decode) {
@@ -321,7 +369,10 @@ void ragged_append(const bf16* k, const bf16* v, const RaggedShape& shape, bf16*
                    key_cache, value_cache, lengths);
 }
 
-int ragged_decode_splits(const RaggedShape& shape, int requested) {
+namespace {
+
+// Splits for `entries` caches of up to shape.max_length rows (see ragged_decode_splits).
+int decode_splits(const RaggedShape& shape, int64_t entries, int requested) {
   check_shape(shape, true);
   const int64_t key_blocks = std::max<int64_t>(1, (shape.max_length + kBlockN - 1) / kBlockN);
   int64_t splits = requested;
@@ -332,7 +383,7 @@ int ragged_decode_splits(const RaggedShape& shape, int requested) {
                                    : shape.head_dim == 64 ? blocks_per_multiprocessor<64>()
                                                           : blocks_per_multiprocessor<128>();
     static const int multiprocessors = device_count() > 0 ? multiprocessor_count() : 1;
-    const int64_t base = std::max<int64_t>(1, ragged_cache_count(shape) * row_blocks(shape));
+    const int64_t base = std::max<int64_t>(1, entries * row_blocks(shape));
     splits =
         std::max<int64_t>(1, static_cast<int64_t>(per_multiprocessor) * multiprocessors / base);
     splits = std::min<int64_t>(splits, std::max<int64_t>(1, key_blocks / 2));
@@ -341,9 +392,117 @@ int ragged_decode_splits(const RaggedShape& shape, int requested) {
   return static_cast<int>(std::clamp<int64_t>(splits, 1, std::min<int64_t>(key_blocks, 4096)));
 }
 
-size_t ragged_decode_workspace_floats(const RaggedShape& shape, int splits) {
+size_t workspace_floats_of(const RaggedShape& shape, int64_t sequences, int splits) {
   if (splits <= 1) return 0;
-  return static_cast<size_t>(splits) * shape.q_heads * (shape.head_dim + 1);
+  return static_cast<size_t>(splits) * sequences * shape.q_heads * (shape.head_dim + 1);
+}
+
+// The decode kernel (and the merge of its splits) over `sequences` x caches entries.
+void run_decode(RaggedParams params, const RaggedShape& shape, int64_t sequences, float* workspace,
+                size_t workspace_floats, cudaStream_t stream, int splits) {
+  params.q_heads = static_cast<int>(shape.q_heads);
+  params.total_heads = static_cast<int>(sequences * shape.q_heads);
+  params.group = static_cast<int>(shape.q_heads / shape.kv_heads);
+  params.per_query_head = shape.per_query_head;
+  params.rows = shape.per_query_head ? 1 : params.group;
+  params.caches = static_cast<int>(ragged_cache_count(shape));
+  params.cache_stride = shape.cache_stride;
+  const float scale =
+      shape.scale != 0.0f ? shape.scale : 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  params.scale_log2 = scale * 1.4426950408889634f;
+  const int64_t entries = sequences * params.caches;
+  splits = decode_splits(shape, entries, splits);
+  if (splits > 1) {
+    const size_t needed = workspace_floats_of(shape, sequences, splits);
+    if (workspace == nullptr || workspace_floats < needed) {
+      throw Error("ragged decode: " + std::to_string(splits) + " splits need a workspace of " +
+                  std::to_string(needed) + " floats, got " + std::to_string(workspace_floats));
+    }
+    params.splits = splits;
+    params.partial_out = workspace;
+    params.partial_lse =
+        workspace + static_cast<size_t>(splits) * params.total_heads * shape.head_dim;
+  }
+  if (shape.head_dim == 128) {
+    launch_decode<128>(params, entries, row_blocks(shape), stream);
+  } else {
+    launch_decode<64>(params, entries, row_blocks(shape), stream);
+  }
+  if (splits > 1) {
+    launch_dependent("ragged_merge_kernel", ragged_merge_kernel,
+                     dim3(static_cast<unsigned>(params.total_heads)),
+                     dim3(static_cast<unsigned>(shape.head_dim)), sizeof(float) * splits, stream,
+                     params.partial_out, params.partial_lse, splits, params.total_heads,
+                     static_cast<int>(shape.head_dim), params.out);
+  }
+}
+
+void check_paged(const RaggedShape& shape, const PagedCaches& caches) {
+  if (caches.batch <= 0 || caches.max_pages <= 0 || caches.page_tables == nullptr ||
+      caches.lengths == nullptr || caches.keys == nullptr || caches.values == nullptr) {
+    throw Error("paged decode: needs at least one sequence, page tables, lengths and pools");
+  }
+  if (shape.cache_stride != caches.max_pages * kPagedRows) {
+    throw Error("paged decode: the shape's cache stride must be max_pages * " +
+                std::to_string(kPagedRows) + " rows");
+  }
+  if (caches.batch * ragged_cache_count(shape) > 65535) {
+    throw Error("paged decode: at most 65535 (sequence, cache) entries per launch");
+  }
+}
+
+}  // namespace
+
+int ragged_decode_splits(const RaggedShape& shape, int requested) {
+  return decode_splits(shape, ragged_cache_count(shape), requested);
+}
+
+size_t ragged_decode_workspace_floats(const RaggedShape& shape, int splits) {
+  return workspace_floats_of(shape, 1, splits);
+}
+
+int paged_decode_splits(const RaggedShape& shape, int batch, int requested) {
+  return decode_splits(shape, static_cast<int64_t>(batch) * ragged_cache_count(shape), requested);
+}
+
+size_t paged_decode_workspace_floats(const RaggedShape& shape, int batch, int splits) {
+  return workspace_floats_of(shape, batch, splits);
+}
+
+void paged_append(const bf16* k, const bf16* v, int64_t row_stride, const RaggedShape& shape,
+                  const PagedCaches& caches, cudaStream_t stream) {
+  check_shape(shape, false);
+  check_paged(shape, caches);
+  if (k == nullptr || v == nullptr) throw Error("paged append: null pointer");
+  const int64_t entries = caches.batch * ragged_cache_count(shape);
+  launch_dependent("paged_append_kernel", paged_append_kernel, dim3(static_cast<unsigned>(entries)),
+                   dim3(128), 0, stream, k, v, row_stride, static_cast<int>(shape.head_dim),
+                   static_cast<int>(ragged_cache_count(shape)),
+                   static_cast<int>(shape.q_heads / shape.kv_heads), shape.per_query_head,
+                   caches.page_tables, caches.max_pages, caches.keys, caches.values,
+                   caches.lengths);
+}
+
+void paged_decode(const bf16* q, int64_t q_stride, const RaggedShape& shape,
+                  const PagedCaches& caches, bf16* out, float* workspace, size_t workspace_floats,
+                  cudaStream_t stream, int splits) {
+  check_shape(shape, true);
+  check_paged(shape, caches);
+  if (q == nullptr || out == nullptr) throw Error("paged decode: null pointer");
+  if (!aligned16(q) || q_stride % 8 != 0 || !aligned16(caches.keys) || !aligned16(caches.values) ||
+      !aligned16(out)) {
+    throw Error("paged decode: queries, pools and output must start on 16-byte boundaries");
+  }
+  RaggedParams params;
+  params.q = q;
+  params.q_stride = q_stride;
+  params.k = caches.keys;
+  params.v = caches.values;
+  params.out = out;
+  params.lengths = caches.lengths;
+  params.page_tables = caches.page_tables;
+  params.max_pages = caches.max_pages;
+  run_decode(params, shape, caches.batch, workspace, workspace_floats, stream, splits);
 }
 
 void ragged_decode(const bf16* q, const bf16* key_cache, const bf16* value_cache,
@@ -363,38 +522,7 @@ void ragged_decode(const bf16* q, const bf16* key_cache, const bf16* value_cache
   params.v = value_cache;
   params.out = out;
   params.lengths = lengths;
-  params.cache_stride = shape.cache_stride;
-  params.q_heads = static_cast<int>(shape.q_heads);
-  params.group = static_cast<int>(shape.q_heads / shape.kv_heads);
-  params.per_query_head = shape.per_query_head;
-  params.rows = shape.per_query_head ? 1 : params.group;
-  const float scale =
-      shape.scale != 0.0f ? shape.scale : 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
-  params.scale_log2 = scale * 1.4426950408889634f;
-  splits = ragged_decode_splits(shape, splits);
-  if (splits > 1) {
-    const size_t needed = ragged_decode_workspace_floats(shape, splits);
-    if (workspace == nullptr || workspace_floats < needed) {
-      throw Error("ragged decode: " + std::to_string(splits) + " splits need a workspace of " +
-                  std::to_string(needed) + " floats, got " + std::to_string(workspace_floats));
-    }
-    params.splits = splits;
-    params.partial_out = workspace;
-    params.partial_lse = workspace + static_cast<size_t>(splits) * shape.q_heads * shape.head_dim;
-  }
-  const int64_t caches = ragged_cache_count(shape);
-  if (shape.head_dim == 128) {
-    launch_decode<128>(params, caches, row_blocks(shape), stream);
-  } else {
-    launch_decode<64>(params, caches, row_blocks(shape), stream);
-  }
-  if (splits > 1) {
-    launch_dependent("ragged_merge_kernel", ragged_merge_kernel,
-                     dim3(static_cast<unsigned>(shape.q_heads)),
-                     dim3(static_cast<unsigned>(shape.head_dim)), sizeof(float) * splits, stream,
-                     params.partial_out, params.partial_lse, splits, params.q_heads,
-                     static_cast<int>(shape.head_dim), out);
-  }
+  run_decode(params, shape, 1, workspace, workspace_floats, stream, splits);
 }
 
 }  // namespace entropyinfer::cuda

@@ -10,7 +10,8 @@
 // Decoding is split-KV like flash_decode: one warp per (cache, split, 16 query rows) streams 32-key
 // tiles four stages deep with cp.async and mma.sync; each split covers an equal share of its own
 // cache's length, writes fp32 partial outputs and their log-sum-exp, and a second kernel merges the
-// splits. Softmax in fp32, P rounded to bf16 for P*V, output bf16.
+// splits. Softmax in fp32, P rounded to bf16 for P*V, output bf16. paged_decode runs the same
+// kernels over many sequences' caches held in pages.
 #pragma once
 
 #include <cstdint>
@@ -58,5 +59,37 @@ size_t ragged_decode_workspace_floats(const RaggedShape& shape, int splits);
 void ragged_decode(const bf16* q, const bf16* key_cache, const bf16* value_cache,
                    const int32_t* lengths, const RaggedShape& shape, bf16* out, float* workspace,
                    size_t workspace_floats, cudaStream_t stream, int splits = 0);
+
+// The caches of a batch of sequences in pages, as a serving pool holds them: `batch` sequences of
+// ragged_cache_count(shape) caches each, entry b * caches + c for cache c of sequence b. An entry's
+// rows [i * kPagedRows, (i + 1) * kPagedRows) live in page page_tables[entry * max_pages + i] of
+// the pools ([pages][kPagedRows][head_dim] bf16 each); lengths[entry] rows are filled. The shape's
+// cache_stride is max_pages * kPagedRows, its max_length bounds every length.
+constexpr int kPagedRows = 32;  // rows per page: one key tile of the decode kernel
+struct PagedCaches {
+  const int32_t* page_tables = nullptr;
+  int64_t max_pages = 0;
+  int32_t* lengths = nullptr;
+  bf16* keys = nullptr;
+  bf16* values = nullptr;
+  int batch = 0;
+};
+
+// ragged_append for every sequence of the batch: sequence b's new key and value are the rows at
+// k + b * row_stride and v + b * row_stride ([kv_heads][head_dim] each, e.g. the K and V parts of
+// its fused qkv row). The caller guarantees each entry has a page for its new row.
+void paged_append(const bf16* k, const bf16* v, int64_t row_stride, const RaggedShape& shape,
+                  const PagedCaches& caches, cudaStream_t stream);
+
+// ragged_decode_splits and ragged_decode_workspace_floats for paged_decode over `batch` sequences.
+int paged_decode_splits(const RaggedShape& shape, int batch, int requested = 0);
+size_t paged_decode_workspace_floats(const RaggedShape& shape, int batch, int splits);
+
+// ragged_decode for every sequence of the batch in one launch: sequence b's queries at q + b *
+// q_stride ([q_heads][head_dim]), its output at out + b * q_heads * head_dim. The same tile loop
+// reads each key tile from its page, so a sequence's result is ragged_decode's over the same rows.
+void paged_decode(const bf16* q, int64_t q_stride, const RaggedShape& shape,
+                  const PagedCaches& caches, bf16* out, float* workspace, size_t workspace_floats,
+                  cudaStream_t stream, int splits = 0);
 
 }  // namespace entropyinfer::cuda

@@ -1,0 +1,248 @@
+// Decode attention over many sequences' caches held in pages (cuda::paged_append and
+// cuda::paged_decode), the layout a serving pool gives them, against the same rows in contiguous
+// per-head caches decoded one sequence at a time by cuda::ragged_decode (itself checked against
+// the CPU reference in test_cuda_ragged_decode.cpp), and against cpu::compressed_decode_attention.
+//
+// Each sequence's caches have their own, unequal lengths (AdaKV-like), one sequence is much longer
+// than the rest, the pages of all of them are shuffled through one pool, and rows past a cache's
+// length hold random values that must never be read. With the same split count the paged kernel
+// runs the same tile loop over the same rows, so the outputs must be identical to ragged_decode's;
+// against the fp32 CPU reference the tolerance is test_cuda_ragged_decode's (relative L2 and max
+// |error| 1e-2). Outputs are poisoned with NaN first: every element must be written.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/compressed_decode_attention.h"
+#include "backends/cuda/ragged_decode.h"
+#include "gpu/gpu_test_support.h"
+
+namespace entropyinfer {
+namespace {
+
+struct PagedCase {
+  int q_heads = 32;
+  int kv_heads = 8;
+  int head_dim = 128;
+  bool per_query_head = false;
+  std::vector<int64_t> longest;  // per sequence: lengths drawn in [longest / 3, longest]
+};
+
+void run_case(const PagedCase& c, uint32_t seed) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const int group = c.q_heads / c.kv_heads;
+  const int caches = c.per_query_head ? c.q_heads : c.kv_heads;
+  const int batch = static_cast<int>(c.longest.size());
+  const int64_t head_dim = c.head_dim;
+  const int64_t longest = *std::max_element(c.longest.begin(), c.longest.end());
+  const int64_t max_pages = (longest + 1 + cuda::kPagedRows - 1) / cuda::kPagedRows;
+  const int64_t stride = max_pages * cuda::kPagedRows;
+  std::mt19937 generator(seed);
+
+  // Lengths before the append, and every entry's pages shuffled through one pool.
+  const int64_t entries = static_cast<int64_t>(batch) * caches;
+  std::vector<int32_t> lengths(entries);
+  for (int b = 0; b < batch; ++b) {
+    std::uniform_int_distribution<int64_t> draw(c.longest[b] / 3, c.longest[b]);
+    for (int cache = 0; cache < caches; ++cache) lengths[b * caches + cache] = draw(generator);
+  }
+  std::vector<int32_t> page_tables(entries * max_pages);
+  std::iota(page_tables.begin(), page_tables.end(), 0);
+  std::shuffle(page_tables.begin(), page_tables.end(), generator);
+  const int64_t pool_rows = entries * max_pages * cuda::kPagedRows;
+
+  // Contiguous caches (entry-major, [entry][stride][head_dim]) and the same rows in the pool.
+  const auto contiguous_keys =
+      gpu_test::random_bf16_values(static_cast<size_t>(entries) * stride * head_dim, seed + 1);
+  const auto contiguous_values =
+      gpu_test::random_bf16_values(contiguous_keys.size(), seed + 2, 1.0f, /*uniform=*/true);
+  std::vector<float> pool_keys =
+      gpu_test::random_bf16_values(static_cast<size_t>(pool_rows) * head_dim, seed + 3);
+  std::vector<float> pool_values = pool_keys;
+  for (int64_t entry = 0; entry < entries; ++entry) {
+    for (int64_t row = 0; row < stride; ++row) {
+      const int64_t page = page_tables[entry * max_pages + row / cuda::kPagedRows];
+      const size_t from = (static_cast<size_t>(entry) * stride + row) * head_dim;
+      const size_t to =
+          (static_cast<size_t>(page) * cuda::kPagedRows + row % cuda::kPagedRows) * head_dim;
+      std::copy_n(contiguous_keys.begin() + from, head_dim, pool_keys.begin() + to);
+      std::copy_n(contiguous_values.begin() + from, head_dim, pool_values.begin() + to);
+    }
+  }
+  // Each sequence's new token: its K and V parts in a fused row of q + 2 * kv width.
+  const int64_t q_width = static_cast<int64_t>(c.q_heads) * head_dim;
+  const int64_t kv_width = static_cast<int64_t>(c.kv_heads) * head_dim;
+  const int64_t row_stride = q_width + 2 * kv_width;
+  const auto fused = gpu_test::random_bf16_values(static_cast<size_t>(batch) * row_stride, seed + 4,
+                                                  1.0f, /*uniform=*/true);
+
+  cuda::RaggedShape shape;
+  shape.q_heads = c.q_heads;
+  shape.kv_heads = c.kv_heads;
+  shape.head_dim = head_dim;
+  shape.cache_stride = stride;
+  shape.max_length = longest + 1;
+  shape.per_query_head = c.per_query_head;
+
+  auto fused_gpu = gpu_test::upload_bf16(fused);
+  auto pool_keys_gpu = gpu_test::upload_bf16(pool_keys);
+  auto pool_values_gpu = gpu_test::upload_bf16(pool_values);
+  cuda::DeviceBuffer<int32_t> tables_gpu(page_tables.size());
+  tables_gpu.upload(page_tables.data(), page_tables.size());
+  cuda::DeviceBuffer<int32_t> lengths_gpu(lengths.size());
+  lengths_gpu.upload(lengths.data(), lengths.size());
+  cuda::PagedCaches paged;
+  paged.page_tables = tables_gpu.data();
+  paged.max_pages = max_pages;
+  paged.lengths = lengths_gpu.data();
+  paged.keys = pool_keys_gpu.data();
+  paged.values = pool_values_gpu.data();
+  paged.batch = batch;
+  cuda::paged_append(fused_gpu.data() + q_width, fused_gpu.data() + q_width + kv_width, row_stride,
+                     shape, paged, nullptr);
+
+  // The contiguous reference: ragged_append and ragged_decode per sequence.
+  auto keys_gpu = gpu_test::upload_bf16(contiguous_keys);
+  auto values_gpu = gpu_test::upload_bf16(contiguous_values);
+  cuda::DeviceBuffer<int32_t> ragged_lengths(lengths.size());
+  ragged_lengths.upload(lengths.data(), lengths.size());
+  const size_t sequence_cache = static_cast<size_t>(caches) * stride * head_dim;
+  for (int b = 0; b < batch; ++b) {
+    cuda::ragged_append(fused_gpu.data() + b * row_stride + q_width,
+                        fused_gpu.data() + b * row_stride + q_width + kv_width, shape,
+                        keys_gpu.data() + b * sequence_cache,
+                        values_gpu.data() + b * sequence_cache, ragged_lengths.data() + b * caches,
+                        nullptr);
+  }
+  std::vector<int32_t> paged_after(lengths.size()), ragged_after(lengths.size());
+  cuda::check(cudaDeviceSynchronize(), "appends");
+  lengths_gpu.download(paged_after.data(), paged_after.size());
+  ragged_lengths.download(ragged_after.data(), ragged_after.size());
+  EXPECT_EQ(paged_after, ragged_after);
+  for (size_t i = 0; i < lengths.size(); ++i) ASSERT_EQ(paged_after[i], lengths[i] + 1);
+
+  const auto q = gpu_test::random_bf16_values(static_cast<size_t>(batch) * q_width, seed + 5, 2.0f);
+  auto q_gpu = gpu_test::upload_bf16(q);
+  cuda::DeviceBuffer<cuda::bf16> paged_out(static_cast<size_t>(batch) * q_width);
+  cuda::DeviceBuffer<cuda::bf16> ragged_out(static_cast<size_t>(q_width));
+  for (int splits : {1, 3, 0}) {
+    // The split count the batch launch chooses, used for the per-sequence reference too.
+    const int resolved = cuda::paged_decode_splits(shape, batch, splits);
+    cuda::DeviceBuffer<float> workspace(
+        std::max<size_t>(1, cuda::paged_decode_workspace_floats(shape, batch, resolved)));
+    gpu_test::poison(paged_out);
+    cuda::paged_decode(q_gpu.data(), q_width, shape, paged, paged_out.data(), workspace.data(),
+                       workspace.size(), nullptr, resolved);
+    cuda::check(cudaDeviceSynchronize(), "paged decode");
+    const std::vector<float> batched = gpu_test::download_bf16(paged_out);
+    const int ragged_splits = cuda::ragged_decode_splits(shape, resolved);
+    cuda::DeviceBuffer<float> ragged_workspace(
+        std::max<size_t>(1, cuda::ragged_decode_workspace_floats(shape, ragged_splits)));
+    for (int b = 0; b < batch; ++b) {
+      SCOPED_TRACE("sequence " + std::to_string(b) + ", " + std::to_string(resolved) + " splits");
+      gpu_test::poison(ragged_out);
+      cuda::ragged_decode(q_gpu.data() + b * q_width, keys_gpu.data() + b * sequence_cache,
+                          values_gpu.data() + b * sequence_cache,
+                          ragged_lengths.data() + b * caches, shape, ragged_out.data(),
+                          ragged_workspace.data(), ragged_workspace.size(), nullptr, ragged_splits);
+      cuda::check(cudaDeviceSynchronize(), "ragged decode");
+      const std::vector<float> alone = gpu_test::download_bf16(ragged_out);
+      const std::vector<float> mine(batched.begin() + b * q_width,
+                                    batched.begin() + (b + 1) * q_width);
+      EXPECT_EQ(mine, alone) << "the paged batch differs from ragged_decode of the same rows";
+
+      // And the fp32 CPU reference over the host rows.
+      std::vector<float> host_keys(contiguous_keys.begin() + b * sequence_cache,
+                                   contiguous_keys.begin() + (b + 1) * sequence_cache);
+      std::vector<float> host_values(contiguous_values.begin() + b * sequence_cache,
+                                     contiguous_values.begin() + (b + 1) * sequence_cache);
+      std::vector<const float*> key_heads(caches), value_heads(caches);
+      std::vector<int64_t> host_lengths(caches);
+      for (int cache = 0; cache < caches; ++cache) {
+        const int64_t kv = c.per_query_head ? cache / group : cache;
+        const int64_t row = lengths[b * caches + cache];
+        const size_t at = (static_cast<size_t>(cache) * stride + row) * head_dim;
+        std::copy_n(fused.begin() + b * row_stride + q_width + kv * head_dim, head_dim,
+                    host_keys.begin() + at);
+        std::copy_n(fused.begin() + b * row_stride + q_width + kv_width + kv * head_dim, head_dim,
+                    host_values.begin() + at);
+        key_heads[cache] = host_keys.data() + static_cast<size_t>(cache) * stride * head_dim;
+        value_heads[cache] = host_values.data() + static_cast<size_t>(cache) * stride * head_dim;
+        host_lengths[cache] = row + 1;
+      }
+      cpu::CompressedDecodeShape cpu_shape;
+      cpu_shape.q_heads = c.q_heads;
+      cpu_shape.kv_heads = c.kv_heads;
+      cpu_shape.head_dim = head_dim;
+      cpu_shape.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      cpu_shape.per_query_head = c.per_query_head;
+      std::vector<float> expected(q_width);
+      const std::vector<float> q_row(q.begin() + b * q_width, q.begin() + (b + 1) * q_width);
+      cpu::compressed_decode_attention(q_row.data(), key_heads.data(), value_heads.data(),
+                                       host_lengths.data(), cpu_shape, expected.data());
+      const auto difference = gpu_test::compare(mine, expected);
+      EXPECT_EQ(difference.non_finite, 0);
+      EXPECT_LE(difference.relative_l2, 1e-2);
+      EXPECT_LE(difference.max_abs_error, 1e-2);
+    }
+  }
+}
+
+TEST(CudaPagedDecode, ABatchOfUnequalSequencesMatchesEachDecodedAlone) {
+  PagedCase c;
+  c.longest = {700, 90, 3000, 33, 1200};
+  run_case(c, 11);
+}
+
+TEST(CudaPagedDecode, HeadDim64AndPerQueryHeadCaches) {
+  PagedCase c;
+  c.q_heads = 8;
+  c.kv_heads = 8;
+  c.head_dim = 64;
+  c.per_query_head = true;
+  c.longest = {64, 500, 31};
+  run_case(c, 23);
+}
+
+TEST(CudaPagedDecode, ThirtyTwoSequencesOfTheLlama8bShape) {
+  PagedCase c;
+  c.longest.assign(32, 600);
+  run_case(c, 37);
+}
+
+TEST(CudaPagedDecode, RefusesInconsistentLayouts) {
+  ENTROPYINFER_REQUIRE_GPU();
+  cuda::RaggedShape shape;
+  shape.q_heads = 8;
+  shape.kv_heads = 2;
+  shape.head_dim = 128;
+  shape.cache_stride = 64;
+  shape.max_length = 64;
+  cuda::DeviceBuffer<int32_t> tables(4), lengths(2);
+  cuda::DeviceBuffer<cuda::bf16> pool(static_cast<size_t>(4) * cuda::kPagedRows * 128);
+  cuda::PagedCaches paged;
+  paged.page_tables = tables.data();
+  paged.max_pages = 3;  // 96 rows, not the shape's stride of 64
+  paged.lengths = lengths.data();
+  paged.keys = pool.data();
+  paged.values = pool.data();
+  paged.batch = 1;
+  cuda::DeviceBuffer<cuda::bf16> q(8 * 128), out(8 * 128);
+  EXPECT_THROW(
+      cuda::paged_decode(q.data(), 8 * 128, shape, paged, out.data(), nullptr, 0, nullptr, 1),
+      Error);
+  paged.max_pages = 2;
+  paged.batch = 0;
+  EXPECT_THROW(
+      cuda::paged_decode(q.data(), 8 * 128, shape, paged, out.data(), nullptr, 0, nullptr, 1),
+      Error);
+}
+
+}  // namespace
+}  // namespace entropyinfer
