@@ -14,6 +14,7 @@
 #include "model/model_config.h"
 #include "model/model_weights.h"
 #include "model/safetensors.h"
+#include "serve/openai_protocol.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/llama2c_tokenizer.h"
 #include "tokenizer/pretokenizer.h"
@@ -159,6 +160,24 @@ void fuzz_attention_config(const uint8_t* data, size_t size) {
   try {
     attention_config_from_json(parse_json(as_text(data, size), kSource));
   } catch (const Error&) {
+  }
+}
+
+// Bodies of POST /v1/completions and /v1/chat/completions, read by `entropyinfer serve` from
+// anyone who can reach it; each input is parsed as both. A refusal must also render as OpenAI's
+// error body.
+void fuzz_openai_request(const uint8_t* data, size_t size) {
+  serve::ServedModel served;
+  served.id = "needle-llama-11m";
+  for (const serve::Endpoint endpoint :
+       {serve::Endpoint::kCompletions, serve::Endpoint::kChatCompletions}) {
+    try {
+      const serve::CompletionRequest request =
+          serve::parse_completion_request(endpoint, as_text(data, size), served);
+      serve::resolve_max_tokens(request, 100, 4096);
+    } catch (const serve::ApiError& error) {
+      serve::error_body(error);
+    }
   }
 }
 

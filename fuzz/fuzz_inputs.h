@@ -18,5 +18,6 @@ void fuzz_tiktoken(const uint8_t* data, size_t size);
 void fuzz_llama2c_checkpoint(const uint8_t* data, size_t size);
 void fuzz_llama2c_tokenizer(const uint8_t* data, size_t size);
 void fuzz_attention_config(const uint8_t* data, size_t size);
+void fuzz_openai_request(const uint8_t* data, size_t size);
 
 }  // namespace entropyinfer::fuzz

@@ -34,6 +34,7 @@ constexpr FuzzTarget kTargets[] = {
     {"llama2c_checkpoint", fuzz::fuzz_llama2c_checkpoint},
     {"llama2c_tokenizer", fuzz::fuzz_llama2c_tokenizer},
     {"attention_config", fuzz::fuzz_attention_config},
+    {"openai_request", fuzz::fuzz_openai_request},
 };
 
 void PrintTo(const FuzzTarget& target, std::ostream* out) { *out << target.name; }

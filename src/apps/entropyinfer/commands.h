@@ -12,5 +12,7 @@ void register_inspect(CLI::App& app);
 void register_bench_work(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_needle(CLI::App& app);
+// Only in builds with cpp-httplib (ENTROPYINFER_HAVE_HTTPLIB).
+void register_serve(CLI::App& app);
 
 }  // namespace entropyinfer::cli

@@ -8,6 +8,23 @@
 #include "apps/entropyinfer/commands.h"
 #include "core/error.h"
 
+#ifndef ENTROPYINFER_HAVE_HTTPLIB
+namespace {
+
+// Without cpp-httplib the command still exists, so that asking for it says why it cannot run.
+void register_serve_unavailable(CLI::App& app) {
+  CLI::App* command = app.add_subcommand("serve", "Serve over HTTP (not in this build)");
+  command->allow_extras();
+  command->callback([] {
+    throw entropyinfer::Error(
+        "serve: this build has no HTTP library; install libcpp-httplib-dev "
+        "(scripts/install_deps.sh) and configure the build again");
+  });
+}
+
+}  // namespace
+#endif
+
 int main(int argc, char** argv) {
   CLI::App app{"EntropyInfer: long-context LLM inference with entropy-guided sparse attention"};
   app.require_subcommand(1);
@@ -18,6 +35,11 @@ int main(int argc, char** argv) {
   entropyinfer::cli::register_bench_work(app);
   entropyinfer::cli::register_eval(app);
   entropyinfer::cli::register_needle(app);
+#ifdef ENTROPYINFER_HAVE_HTTPLIB
+  entropyinfer::cli::register_serve(app);
+#else
+  register_serve_unavailable(app);
+#endif
   // Every refusal has one shape: "error: <what>" on stderr and exit status 1, whether the command
   // line, a file or the engine is at fault. Help and version requests are not refusals.
   if (argc > 1 && argv[1][0] != '-') {

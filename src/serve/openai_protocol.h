@@ -1,0 +1,142 @@
+// The OpenAI-compatible wire format of `entropyinfer serve`: request bodies of POST /v1/completions
+// and POST /v1/chat/completions read from untrusted text into a CompletionRequest, the response
+// objects and streamed chunks those clients expect, and OpenAI's error body. Every refusal is an
+// ApiError carrying the HTTP status, OpenAI's error type and the offending field; nothing else
+// escapes the parser.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attention/attention_config.h"
+#include "core/error.h"
+#include "engine/sampler.h"
+#include "serve/scheduler.h"
+#include "tokenizer/chat_format.h"
+
+namespace entropyinfer::serve {
+
+// A refusal as the client sees it: {"error": {"message", "type", "param", "code"}} with `status`.
+// An Error, so that code which only knows Error (the fuzz targets) still catches it.
+class ApiError : public Error {
+ public:
+  ApiError(int status_code, std::string error_type, std::string error_message,
+           std::string error_param = {}, std::string error_code = {});
+
+  int status;
+  std::string type;     // "invalid_request_error", "not_found_error", "authentication_error", ...
+  std::string message;  // says what is wrong and, where one is, names the field
+  std::string param;    // the field ("messages[1].content"); empty gives null
+  std::string code;     // a machine-readable reason ("model_not_found"); empty gives null
+};
+
+// 400 invalid_request_error naming `param`.
+ApiError invalid_request(std::string message, std::string param = {}, std::string code = {});
+
+// OpenAI's error body for `error`.
+std::string error_body(const ApiError& error);
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+// What the request parser needs to know about the server.
+struct ServedModel {
+  std::string id;                     // the only model name a request may give
+  AttentionConfig default_attention;  // what `attention` keys override
+};
+
+// Nesting the parser accepts: requests are a few levels deep; the bound keeps hostile input from
+// building deep trees.
+inline constexpr int kMaxRequestDepth = 64;
+// OpenAI's limit on stop sequences.
+inline constexpr int kMaxStopStrings = 4;
+// The most tokens a request may ask for (the context caps it further).
+inline constexpr int64_t kMaxRequestTokens = int64_t{1} << 30;
+
+struct CompletionRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string prompt;                 // completions
+  std::vector<ChatMessage> messages;  // chat completions
+  // max_tokens (or chat's max_completion_tokens) as given; resolve_max_tokens applies the defaults.
+  std::optional<int> max_tokens;
+  SamplerOptions sampler;        // OpenAI's defaults: temperature 1, top_p 1
+  std::optional<uint64_t> seed;  // absent: the server picks one per request
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  AttentionConfig attention;   // the server's defaults with the request's `attention` applied
+  std::string model;           // the served model's id
+};
+
+// Parses and validates a request body. Throws ApiError (400 for malformed or unsupported input,
+// 404 for another model) and nothing else.
+CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view body,
+                                           const ServedModel& served);
+
+// OpenAI's max_tokens default for completions.
+inline constexpr int kDefaultCompletionTokens = 16;
+
+// The answer's token limit for a prompt of `prompt_tokens` tokens in a `context_length`-token
+// context: the request's max_tokens, else 16 for completions (fewer when the context ends first)
+// and the rest of the context for chat. ApiError 400 naming the numbers when the prompt leaves no
+// room for an answer or the request's max_tokens does not fit beside it.
+int resolve_max_tokens(const CompletionRequest& request, int64_t prompt_tokens, int context_length);
+
+// `attention` (an object of method names and parameters, flat or nested as in an
+// --attention-config file, or a "prefill[+decode]" string) applied to `defaults`, validated.
+// ApiError 400 naming the parameter.
+AttentionConfig merge_attention(const nlohmann::json& attention, const AttentionConfig& defaults);
+
+// The first invalid byte's offset, or nullopt for valid UTF-8 (no overlongs, surrogates or code
+// points past U+10FFFF).
+std::optional<size_t> find_invalid_utf8(std::string_view text);
+
+// OpenAI's finish_reason for a finished stream: "stop" or "length". Cancelled and failed requests
+// have none (the server reports those as errors).
+const char* openai_finish_reason(FinishReason reason);
+
+// Identity of one response: the same id, creation time and model on every chunk of a stream.
+struct ResponseIdentity {
+  std::string id;  // "cmpl-..." or "chatcmpl-..."
+  int64_t created = 0;
+  std::string model;
+};
+
+// A fresh id for `endpoint` ("cmpl-" or "chatcmpl-" and 24 random hex digits) at the current time.
+ResponseIdentity new_response_identity(Endpoint endpoint, const std::string& model);
+
+nlohmann::json usage_json(const RequestStats& stats);
+// The non-standard "entropyinfer" object: methods, timings and work fractions.
+nlohmann::json entropyinfer_stats_json(const RequestStats& stats);
+
+// The whole answer: a text_completion or chat.completion object.
+nlohmann::json completion_response(Endpoint endpoint, const ResponseIdentity& identity,
+                                   const std::string& text, const std::string& finish_reason,
+                                   const RequestStats& stats);
+
+// Streamed chunks (text_completion or chat.completion.chunk objects). With include_usage every
+// chunk carries "usage": null until the usage chunk, as OpenAI's do.
+nlohmann::json role_chunk(const ResponseIdentity& identity, bool include_usage);  // chat only
+nlohmann::json text_chunk(Endpoint endpoint, const ResponseIdentity& identity,
+                          const std::string& text, bool include_usage);
+nlohmann::json finish_chunk(Endpoint endpoint, const ResponseIdentity& identity,
+                            const std::string& finish_reason, const RequestStats& stats,
+                            bool include_usage);
+nlohmann::json usage_chunk(Endpoint endpoint, const ResponseIdentity& identity,
+                           const RequestStats& stats);
+
+// GET /v1/models and /v1/models/{id}.
+nlohmann::json model_object(const std::string& model_id, int64_t created);
+nlohmann::json models_list(const std::string& model_id, int64_t created);
+
+// Server-sent events framing.
+std::string sse_event(const nlohmann::json& payload);
+std::string sse_done();
+
+// JSON text that is always valid UTF-8 (any invalid byte becomes U+FFFD) and never throws.
+std::string dump_json(const nlohmann::json& value);
+
+}  // namespace entropyinfer::serve

@@ -1,0 +1,215 @@
+// `entropyinfer serve` through the official openai package: completions and chat completions,
+// whole and streamed, usage that agrees with the stream, the `attention` extra field, and the
+// SDK's own error classes for refusals.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import OpenAI from "openai";
+
+import { apiKey, baseUrl, modelId, needlePrompt } from "./server_under_test.mjs";
+
+const client = new OpenAI({ baseURL: `${baseUrl}/v1`, apiKey, maxRetries: 0, timeout: 60_000 });
+
+function assertUsage(usage, maxTokens) {
+  assert.ok(usage.prompt_tokens > 0, "prompt_tokens");
+  assert.ok(usage.completion_tokens > 0 && usage.completion_tokens <= maxTokens, "completion_tokens");
+  assert.equal(usage.total_tokens, usage.prompt_tokens + usage.completion_tokens);
+}
+
+function assertFinish(finishReason, usage, maxTokens) {
+  // "length" exactly when the answer used every token it was allowed.
+  assert.equal(finishReason, usage.completion_tokens === maxTokens ? "length" : "stop");
+}
+
+test("the model list names the served model", async () => {
+  const models = await client.models.list();
+  assert.deepEqual(
+    models.data.map((model) => model.id),
+    [modelId],
+  );
+  const model = await client.models.retrieve(modelId);
+  assert.equal(model.object, "model");
+});
+
+test("a completion answers the needle question", async () => {
+  const completion = await client.completions.create({
+    model: modelId,
+    prompt: needlePrompt,
+    max_tokens: 6,
+    temperature: 0,
+  });
+  assert.equal(completion.object, "text_completion");
+  assert.match(completion.id, /^cmpl-/);
+  assert.equal(completion.model, modelId);
+  assert.equal(completion.choices.length, 1);
+  const [choice] = completion.choices;
+  assert.ok(choice.text.length > 0, "empty completion");
+  assert.ok(choice.text.startsWith(" oil"), `the trained answer is " oil", got ${JSON.stringify(choice.text)}`);
+  assertUsage(completion.usage, 6);
+  assertFinish(choice.finish_reason, completion.usage, 6);
+  assert.equal(completion.entropyinfer.methods, "full+full");
+});
+
+test("a streamed completion gives the same greedy text and usage that matches its events", async () => {
+  const request = { model: modelId, prompt: "Once upon a time", max_tokens: 12, temperature: 0 };
+  const whole = await client.completions.create(request);
+  const stream = await client.completions.create({
+    ...request,
+    stream: true,
+    stream_options: { include_usage: true },
+  });
+  let text = "";
+  let textEvents = 0;
+  let finishReason = null;
+  let usage = null;
+  let ids = new Set();
+  for await (const chunk of stream) {
+    ids.add(chunk.id);
+    if (chunk.usage) usage = chunk.usage;
+    for (const choice of chunk.choices) {
+      if (choice.text) {
+        text += choice.text;
+        textEvents += 1;
+      }
+      if (choice.finish_reason) finishReason = choice.finish_reason;
+    }
+  }
+  assert.equal(ids.size, 1, "every chunk carries the same id");
+  assert.equal(text, whole.choices[0].text);
+  assert.ok(usage, "no usage chunk with include_usage");
+  assert.deepEqual(usage, whole.usage);
+  // A text event holds one token or more (a character split across tokens waits for its end).
+  assert.ok(textEvents >= 1 && textEvents <= usage.completion_tokens);
+  assertFinish(finishReason, usage, 12);
+});
+
+test("a chat completion answers as the assistant", async () => {
+  const completion = await client.chat.completions.create({
+    model: modelId,
+    messages: [
+      { role: "system", content: "Answer briefly." },
+      { role: "user", content: needlePrompt },
+    ],
+    max_tokens: 8,
+    temperature: 0,
+  });
+  assert.equal(completion.object, "chat.completion");
+  assert.match(completion.id, /^chatcmpl-/);
+  const [choice] = completion.choices;
+  assert.equal(choice.message.role, "assistant");
+  assert.equal(typeof choice.message.content, "string");
+  assert.ok(completion.usage.completion_tokens > 0);
+  assert.ok(completion.usage.completion_tokens <= 8);
+  assert.equal(
+    completion.usage.total_tokens,
+    completion.usage.prompt_tokens + completion.usage.completion_tokens,
+  );
+  assertFinish(choice.finish_reason, completion.usage, 8);
+});
+
+test("a streamed chat sends the role first, then content, then the finish and usage", async () => {
+  const stream = await client.chat.completions.create({
+    model: modelId,
+    messages: [{ role: "user", content: "Tell me a story." }],
+    max_tokens: 10,
+    temperature: 0.8,
+    seed: 7,
+    stream: true,
+    stream_options: { include_usage: true },
+  });
+  const chunks = [];
+  for await (const chunk of stream) chunks.push(chunk);
+  assert.equal(chunks[0].choices[0].delta.role, "assistant");
+  const finishChunk = chunks.find((chunk) => chunk.choices[0]?.finish_reason);
+  assert.ok(finishChunk, "no chunk with a finish_reason");
+  const usageChunk = chunks.at(-1);
+  assert.deepEqual(usageChunk.choices, []);
+  const content = chunks.map((chunk) => chunk.choices[0]?.delta?.content ?? "").join("");
+  assert.ok(usageChunk.usage.completion_tokens > 0);
+  assertFinish(finishChunk.choices[0].finish_reason, usageChunk.usage, 10);
+  assert.equal(typeof content, "string");
+  // The finish chunk carries the engine's stats, which the chat page shows.
+  assert.ok(finishChunk.entropyinfer.time_to_first_token > 0);
+  assert.ok(finishChunk.entropyinfer.tokens_per_second >= 0);
+
+  // The same seed gives the same sample.
+  const again = await client.chat.completions.create({
+    model: modelId,
+    messages: [{ role: "user", content: "Tell me a story." }],
+    max_tokens: 10,
+    temperature: 0.8,
+    seed: 7,
+  });
+  assert.equal(again.choices[0].message.content, content);
+});
+
+test("the attention extra field picks the methods and the stats report them", async () => {
+  const longPrompt = "The road went on and on through the quiet hills. ".repeat(40) + needlePrompt;
+  const completion = await client.completions.create({
+    model: modelId,
+    prompt: longPrompt,
+    max_tokens: 4,
+    temperature: 0,
+    attention: {
+      prefill: "entropy",
+      decode: "latent",
+      segment_size: 64,
+      block_size: 8,
+      sparse_threshold: 128,
+      base_budget: 64,
+      critiprefill_budget: 64,
+      budget: 128,
+      window: 16,
+      gap: 2,
+    },
+  });
+  const stats = completion.entropyinfer;
+  assert.equal(stats.methods, "entropy+latent");
+  assert.ok(stats.prefill_keys_read > 0);
+  assert.ok(stats.prefill_keys_fraction > 0 && stats.prefill_keys_fraction < 1,
+            `a sparse prefill reads less than full attention: ${stats.prefill_keys_fraction}`);
+  assert.ok(stats.cache_kept_fraction > 0 && stats.cache_kept_fraction <= 1);
+
+  const streamed = await client.chat.completions.create({
+    model: modelId,
+    messages: [{ role: "user", content: "Hello" }],
+    max_tokens: 3,
+    temperature: 0,
+    stream: true,
+    attention: "critiprefill+snapkv",
+  });
+  let methods = null;
+  for await (const chunk of streamed) if (chunk.entropyinfer) methods = chunk.entropyinfer.methods;
+  assert.equal(methods, "critiprefill+snapkv");
+});
+
+test("refusals raise the SDK's error classes with the field named", async () => {
+  await assert.rejects(
+    client.completions.create({ model: modelId, prompt: "x", temperature: 5 }),
+    (error) => {
+      assert.ok(error instanceof OpenAI.BadRequestError, `got ${error.constructor.name}`);
+      assert.equal(error.status, 400);
+      assert.equal(error.param, "temperature");
+      assert.equal(error.type, "invalid_request_error");
+      assert.match(error.message, /temperature/);
+      return true;
+    },
+  );
+  await assert.rejects(
+    client.chat.completions.create({
+      model: modelId,
+      messages: [{ role: "user", content: "x" }],
+      attention: { decode: "lossy" },
+    }),
+    (error) => error instanceof OpenAI.BadRequestError && /lossy/.test(error.message),
+  );
+  await assert.rejects(
+    client.completions.create({ model: "gpt-4o", prompt: "x" }),
+    (error) => error instanceof OpenAI.NotFoundError && error.status === 404 && error.param === "model",
+  );
+  const stranger = new OpenAI({ baseURL: `${baseUrl}/v1`, apiKey: "wrong", maxRetries: 0 });
+  await assert.rejects(
+    stranger.completions.create({ model: modelId, prompt: "x" }),
+    (error) => error instanceof OpenAI.AuthenticationError && error.status === 401,
+  );
+});

@@ -1,0 +1,256 @@
+// The serving scheduler on the shipped model, against generate() on the single-sequence
+// executor: concurrent requests of different methods, lengths and samplers, batched and
+// interleaved with each other's prefills, stream the text each gets alone; a pool too small for
+// all of them at once queues them and still answers each; cancelling returns every page; a
+// request that can never fit is refused with the reason; stopping finishes what is in flight.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/batch_model.h"
+#include "engine/generation.h"
+#include "engine/transformer.h"
+#include "expect_error.h"
+#include "model/model_weights.h"
+#include "serve/scheduler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace entropyinfer::serve {
+namespace {
+
+std::string shipped_model() {
+  return std::string(ENTROPYINFER_FIXTURES_DIR) + "/../../models/needle-llama-11m";
+}
+
+AttentionConfig small_budgets(const std::string& methods) {
+  AttentionConfig config;
+  config.prefill_params.segment_size = 64;
+  config.prefill_params.block_size = 8;
+  config.prefill_params.sparse_threshold = 64;
+  config.prefill_params.base_budget = 64;
+  config.prefill_params.critiprefill_budget = 64;
+  config.decode_params.budget = 64;
+  config.decode_params.window = 8;
+  config.decode_params.gap = 4;
+  return with_methods(methods, config);
+}
+
+std::string document(int lines) {
+  std::string text;
+  for (int i = 0; i < lines; ++i) {
+    text += "Line " + std::to_string(i) + ": the keeper of the lighthouse counted " +
+            std::to_string(7 * i + 3) + " ships before dawn. ";
+  }
+  return text + "The number of ships the keeper counted on line 3 was";
+}
+
+struct Answer {
+  std::string text;  // the streamed pieces, joined
+  StreamEvent finished;
+};
+
+// Reads a stream to its end (at most a minute).
+Answer read_all(RequestStream& stream) {
+  Answer answer;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  StreamEvent event;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (!stream.next(event, std::chrono::milliseconds(100))) continue;
+    if (event.kind == StreamEvent::Kind::kText) {
+      answer.text += event.text;
+      continue;
+    }
+    answer.finished = event;
+    return answer;
+  }
+  ADD_FAILURE() << "the stream did not finish within a minute";
+  return answer;
+}
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    weights_ = new ModelWeights(load_model(shipped_model()));
+    tokenizer_ = load_tokenizer(shipped_model() + "/tokenizer.json").release();
+  }
+  static void TearDownTestSuite() {
+    delete weights_;
+    delete tokenizer_;
+  }
+
+  static std::unique_ptr<Scheduler> make_scheduler(int64_t pool_bytes,
+                                                   SchedulerOptions options = {}) {
+    BatchModelOptions model_options;
+    model_options.pool_bytes = pool_bytes;
+    return std::make_unique<Scheduler>(make_batch_model(*weights_, model_options), *tokenizer_,
+                                       options);
+  }
+
+  static SequenceRequest request(const std::string& methods, int lines, int max_tokens,
+                                 float temperature = 0.0f, uint64_t seed = 0) {
+    SequenceRequest r;
+    r.prompt = tokenizer_->encode(document(lines), {.add_bos = true});
+    r.generation.max_tokens = max_tokens;
+    r.generation.sampler.temperature = temperature;
+    r.generation.sampler.top_p = temperature > 0 ? 0.9f : 1.0f;
+    r.generation.sampler.seed = seed;
+    r.attention = small_budgets(methods);
+    return r;
+  }
+
+  // The same request through generate() on its own executor.
+  static GenerationResult alone(const SequenceRequest& r) {
+    Transformer model(*weights_, 0, r.attention);
+    return generate(model, *tokenizer_, r.prompt, r.generation);
+  }
+
+  static ModelWeights* weights_;
+  static Tokenizer* tokenizer_;
+};
+ModelWeights* SchedulerTest::weights_ = nullptr;
+Tokenizer* SchedulerTest::tokenizer_ = nullptr;
+
+TEST_F(SchedulerTest, ConcurrentRequestsStreamWhatEachGetsAlone) {
+  std::vector<SequenceRequest> requests = {
+      request("full", 12, 20),
+      request("entropy+snapkv", 30, 24),
+      request("full+latent", 22, 18, 0.8f, 7),
+      request("critiprefill+streaming", 8, 16),
+      request("entropy+adakv", 26, 22, 1.1f, 99),
+      request("full+pyramidkv", 18, 20),
+  };
+  requests[0].generation.stop_strings = {" ships"};
+  std::unique_ptr<Scheduler> scheduler = make_scheduler(int64_t{64} << 20);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const SequenceRequest& r : requests) streams.push_back(scheduler->submit(r));
+  std::vector<std::future<Answer>> answers;
+  for (auto& stream : streams) {
+    answers.push_back(std::async(std::launch::async, [stream] { return read_all(*stream); }));
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SCOPED_TRACE(i);
+    const Answer answer = answers[i].get();
+    const GenerationResult expected = alone(requests[i]);
+    EXPECT_EQ(answer.text, expected.text);
+    ASSERT_EQ(answer.finished.kind, StreamEvent::Kind::kFinished);
+    EXPECT_EQ(answer.finished.error, "");
+    const RequestStats& stats = answer.finished.stats;
+    EXPECT_EQ(stats.prompt_tokens, static_cast<int>(requests[i].prompt.size()));
+    EXPECT_EQ(stats.completion_tokens, static_cast<int>(expected.tokens.size()));
+    EXPECT_EQ(answer.finished.finish_reason,
+              expected.stop_reason == "max tokens" ? FinishReason::kLength : FinishReason::kStop);
+    const bool sparse = requests[i].attention.prefill != PrefillMethod::kFull;
+    EXPECT_EQ(stats.prefill_keys_fraction() < 1.0, sparse) << stats.methods;
+    EXPECT_EQ(stats.compressed,
+              requests[i].attention.decode != DecodeMethod::kFull && stats.completion_tokens >= 4);
+    EXPECT_GT(stats.time_to_first_token, 0.0);
+  }
+  EXPECT_EQ(requests.size(), 6u);
+  scheduler->wait_idle();
+  const SchedulerSnapshot snapshot = scheduler->snapshot();
+  EXPECT_EQ(snapshot.pool.pages_used, 0);
+  EXPECT_EQ(snapshot.running, 0);
+  EXPECT_EQ(snapshot.queued, 0);
+}
+
+TEST_F(SchedulerTest, APoolForOneFullRequestQueuesTheRestAndAnswersEach) {
+  const SequenceRequest first = request("full", 20, 12);
+  BatchModelOptions model_options;
+  std::unique_ptr<BatchModel> probe = make_batch_model(*weights_, model_options);
+  const int64_t page_bytes = probe->pool_usage().page_bytes;
+  const int64_t pages =
+      probe->pages_needed(first.attention, static_cast<int>(first.prompt.size()), 12).peak;
+  std::unique_ptr<Scheduler> scheduler = make_scheduler((pages + pages / 2) * page_bytes);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 4; ++i) streams.push_back(scheduler->submit(first));
+  int most_running = 0;
+  std::vector<Answer> answers;
+  for (auto& stream : streams) {
+    most_running = std::max(most_running, scheduler->snapshot().running);
+    answers.push_back(read_all(*stream));
+  }
+  const GenerationResult expected = alone(first);
+  for (const Answer& answer : answers) EXPECT_EQ(answer.text, expected.text);
+  EXPECT_LE(most_running, 1) << "two full requests ran in a pool that holds one";
+  scheduler->wait_idle();
+  EXPECT_EQ(scheduler->snapshot().pool.pages_used, 0);
+}
+
+TEST_F(SchedulerTest, CancellingReturnsEveryPage) {
+  std::unique_ptr<Scheduler> scheduler = make_scheduler(int64_t{64} << 20);
+  SequenceRequest long_answer = request("full", 20, 400);
+  std::shared_ptr<RequestStream> cancelled = scheduler->submit(long_answer);
+  std::shared_ptr<RequestStream> kept = scheduler->submit(request("entropy+snapkv", 24, 8));
+  StreamEvent event;
+  ASSERT_TRUE(cancelled->next(event, std::chrono::seconds(30)));
+  EXPECT_GT(scheduler->snapshot().pool.pages_used, 0);
+  cancelled->cancel();
+  const Answer rest = read_all(*cancelled);
+  EXPECT_EQ(rest.finished.finish_reason, FinishReason::kCancelled);
+  EXPECT_LT(rest.finished.stats.completion_tokens, 400);
+  const Answer other = read_all(*kept);
+  EXPECT_EQ(other.finished.finish_reason, FinishReason::kLength);
+  scheduler->wait_idle();
+  EXPECT_EQ(scheduler->snapshot().pool.pages_used, 0);
+}
+
+TEST_F(SchedulerTest, RefusesWhatCanNeverRunAndStopsGracefully) {
+  std::unique_ptr<Scheduler> scheduler = make_scheduler(int64_t{4} << 20);
+  testing::expect_error_naming([&] { scheduler->submit(request("full", 200, 16)); },
+                               {"KV pages", "of the whole pool"}, "a request bigger than the pool");
+  SequenceRequest too_long = request("full", 4, 16);
+  too_long.generation.max_tokens = scheduler->context_length();
+  testing::expect_error_naming([&] { scheduler->submit(too_long); }, {"-token context"},
+                               "a request past the context");
+  SequenceRequest empty = request("full", 4, 16);
+  empty.prompt.clear();
+  testing::expect_error_naming([&] { scheduler->submit(empty); }, {"the prompt is empty"},
+                               "an empty prompt");
+  SequenceRequest bad_budget = request("full+snapkv", 4, 16);
+  bad_budget.attention.decode_params.window = -1;
+  testing::expect_error_naming([&] { scheduler->submit(bad_budget); }, {"window"},
+                               "a negative window");
+  EXPECT_THROW(scheduler->submit(request("full", 200, 16)), AdmissionError);
+
+  std::vector<std::shared_ptr<RequestStream>> in_flight;
+  for (int i = 0; i < 3; ++i) in_flight.push_back(scheduler->submit(request("full", 6, 10)));
+  scheduler->stop_accepting();
+  testing::expect_error_naming([&] { scheduler->submit(request("full", 6, 10)); },
+                               {"shutting down"}, "a request after stop_accepting");
+  scheduler->wait_idle();
+  for (auto& stream : in_flight) {
+    const Answer answer = read_all(*stream);
+    EXPECT_NE(answer.finished.finish_reason, FinishReason::kCancelled);
+    EXPECT_FALSE(answer.text.empty());
+  }
+  EXPECT_FALSE(scheduler->snapshot().accepting);
+}
+
+TEST_F(SchedulerTest, AFullQueueRefusesWithItsOwnError) {
+  SchedulerOptions options;
+  options.max_queued = 2;
+  options.max_running = 1;
+  std::unique_ptr<Scheduler> scheduler = make_scheduler(int64_t{64} << 20, options);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  bool refused = false;
+  for (int i = 0; i < 12 && !refused; ++i) {
+    try {
+      streams.push_back(scheduler->submit(request("full", 30, 60)));
+    } catch (const QueueFullError& error) {
+      refused = true;
+      EXPECT_NE(std::string(error.what()).find("queue is full"), std::string::npos);
+    }
+  }
+  EXPECT_TRUE(refused);
+  for (auto& stream : streams) stream->cancel();
+  scheduler->wait_idle();
+  EXPECT_EQ(scheduler->snapshot().pool.pages_used, 0);
+}
+
+}  // namespace
+}  // namespace entropyinfer::serve
