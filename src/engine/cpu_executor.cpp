@@ -33,6 +33,50 @@ int64_t round_up(int64_t rows, int64_t multiple) {
   return (rows + multiple - 1) / multiple * multiple;
 }
 
+// The products of a span and of a decode batch, written once: m consecutive rows either way.
+
+// Queries, keys and values of m residual rows (q/k RMSNorm where the family has it), before RoPE.
+void project_qkv(const ModelConfig& c, const LayerWeights& layer, const float* rows, int64_t m,
+                 float* normed, float* q, float* k, float* v) {
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_width = static_cast<int64_t>(c.num_heads) * c.head_dim;
+  const int64_t kv_width = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  cpu::rms_norm(rows, layer.attn_norm.floats(), m, hidden, c.rms_norm_eps, normed);
+  cpu::linear(normed, m, hidden, matrix(layer.q_proj), layer.q_bias.floats(), q_width, q);
+  cpu::linear(normed, m, hidden, matrix(layer.k_proj), layer.k_bias.floats(), kv_width, k);
+  cpu::linear(normed, m, hidden, matrix(layer.v_proj), layer.v_bias.floats(), kv_width, v);
+  if (c.qk_norm) {
+    cpu::rms_norm(q, layer.q_norm.floats(), m * c.num_heads, c.head_dim, c.rms_norm_eps, q);
+    cpu::rms_norm(k, layer.k_norm.floats(), m * c.num_kv_heads, c.head_dim, c.rms_norm_eps, k);
+  }
+}
+
+// The output projection of m attention rows added to their residual rows, then the MLP block.
+// normed and projected hold m * hidden floats, gate and up m * intermediate_size.
+void output_and_mlp(const ModelConfig& c, const LayerWeights& layer, const float* attention,
+                    float* residual, int64_t m, float* normed, float* projected, float* gate,
+                    float* up) {
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_width = static_cast<int64_t>(c.num_heads) * c.head_dim;
+  cpu::linear(attention, m, q_width, matrix(layer.o_proj), layer.o_bias.floats(), hidden,
+              projected);
+  cpu::add_inplace(residual, projected, m * hidden);
+  cpu::rms_norm(residual, layer.mlp_norm.floats(), m, hidden, c.rms_norm_eps, normed);
+  cpu::linear(normed, m, hidden, matrix(layer.gate_proj), nullptr, c.intermediate_size, gate);
+  cpu::linear(normed, m, hidden, matrix(layer.up_proj), nullptr, c.intermediate_size, up);
+  cpu::swiglu_inplace(gate, up, m * c.intermediate_size);
+  cpu::linear(gate, m, c.intermediate_size, matrix(layer.down_proj), nullptr, hidden, projected);
+  cpu::add_inplace(residual, projected, m * hidden);
+}
+
+// Final norm and fp32 logits of m residual rows.
+void project_logits(const ModelWeights& w, const float* rows, int64_t m, float* normed,
+                    float* logits) {
+  const ModelConfig& c = w.config;
+  cpu::rms_norm(rows, w.final_norm.floats(), m, c.hidden_size, c.rms_norm_eps, normed);
+  cpu::linear(normed, m, c.hidden_size, matrix(w.lm_head), nullptr, c.vocab_size, logits);
+}
+
 }  // namespace
 
 void KvPagePool::acquire(int64_t pages) {
@@ -491,19 +535,8 @@ void CpuExecutor::run_span_layer(SpanJob& job) {
   for (int64_t t0 = 0; t0 < n; t0 += chunk) {
     const int64_t m = std::min(chunk, n - t0);
     float* q = job.q.data() + t0 * q_width;
-    cpu::rms_norm(job.hidden.data() + t0 * hidden, layer.attn_norm.floats(), m, hidden,
-                  c.rms_norm_eps, scratch.normed.data());
-    cpu::linear(scratch.normed.data(), m, hidden, matrix(layer.q_proj), layer.q_bias.floats(),
-                q_width, q);
-    cpu::linear(scratch.normed.data(), m, hidden, matrix(layer.k_proj), layer.k_bias.floats(),
-                kv_width, scratch.k.data());
-    cpu::linear(scratch.normed.data(), m, hidden, matrix(layer.v_proj), layer.v_bias.floats(),
-                kv_width, scratch.v.data());
-    if (c.qk_norm) {
-      cpu::rms_norm(q, layer.q_norm.floats(), m * c.num_heads, head_dim, c.rms_norm_eps, q);
-      cpu::rms_norm(scratch.k.data(), layer.k_norm.floats(), m * c.num_kv_heads, head_dim,
-                    c.rms_norm_eps, scratch.k.data());
-    }
+    project_qkv(c, layer, job.hidden.data() + t0 * hidden, m, scratch.normed.data(), q,
+                scratch.k.data(), scratch.v.data());
     const float* cos = job.rope.cos.data() + t0 * half_rotary;
     const float* sin = job.rope.sin.data() + t0 * half_rotary;
     cpu::apply_rope(q, m, c.num_heads, head_dim, cos, sin, rotary_dim,
@@ -571,20 +604,9 @@ void CpuExecutor::run_span_layer(SpanJob& job) {
 
   for (int64_t t0 = first_row; t0 < n; t0 += chunk) {
     const int64_t m = std::min(chunk, n - t0);
-    float* residual = job.hidden.data() + t0 * hidden;
-    cpu::linear(job.attention_out.data() + t0 * q_width, m, q_width, matrix(layer.o_proj),
-                layer.o_bias.floats(), hidden, scratch.projected.data());
-    cpu::add_inplace(residual, scratch.projected.data(), m * hidden);
-    cpu::rms_norm(residual, layer.mlp_norm.floats(), m, hidden, c.rms_norm_eps,
-                  scratch.normed.data());
-    cpu::linear(scratch.normed.data(), m, hidden, matrix(layer.gate_proj), nullptr,
-                c.intermediate_size, scratch.gate.data());
-    cpu::linear(scratch.normed.data(), m, hidden, matrix(layer.up_proj), nullptr,
-                c.intermediate_size, scratch.up.data());
-    cpu::swiglu_inplace(scratch.gate.data(), scratch.up.data(), m * c.intermediate_size);
-    cpu::linear(scratch.gate.data(), m, c.intermediate_size, matrix(layer.down_proj), nullptr,
-                hidden, scratch.projected.data());
-    cpu::add_inplace(residual, scratch.projected.data(), m * hidden);
+    output_and_mlp(c, layer, job.attention_out.data() + t0 * q_width,
+                   job.hidden.data() + t0 * hidden, m, scratch.normed.data(),
+                   scratch.projected.data(), scratch.gate.data(), scratch.up.data());
   }
   if (progress_ && n > chunk)
     progress_(static_cast<int64_t>(layer_index + 1) * n / c.num_layers, n);
@@ -605,10 +627,8 @@ std::vector<float> CpuExecutor::finish_span(SpanJob& job) {
   scratch.normed.resize(chunk * hidden);
   for (int64_t t0 = first_row; t0 < n; t0 += chunk) {
     const int64_t m = std::min(chunk, n - t0);
-    cpu::rms_norm(job.hidden.data() + t0 * hidden, weights_.final_norm.floats(), m, hidden,
-                  c.rms_norm_eps, scratch.normed.data());
-    cpu::linear(scratch.normed.data(), m, hidden, matrix(weights_.lm_head), nullptr, vocab,
-                logits.data() + (t0 - first_row) * vocab);
+    project_logits(weights_, job.hidden.data() + t0 * hidden, m, scratch.normed.data(),
+                   logits.data() + (t0 - first_row) * vocab);
   }
   return logits;
 }
@@ -654,20 +674,8 @@ std::vector<float> CpuExecutor::decode(std::span<Sequence* const> sequences,
   for (int layer_index = 0; layer_index < c.num_layers; ++layer_index) {
     const LayerWeights& layer = weights_.layers[layer_index];
     // The products run over all rows at once: one pass over each weight matrix per step.
-    cpu::rms_norm(scratch.hidden.data(), layer.attn_norm.floats(), b, hidden, c.rms_norm_eps,
-                  scratch.normed.data());
-    cpu::linear(scratch.normed.data(), b, hidden, matrix(layer.q_proj), layer.q_bias.floats(),
-                q_width, scratch.q.data());
-    cpu::linear(scratch.normed.data(), b, hidden, matrix(layer.k_proj), layer.k_bias.floats(),
-                kv_width, scratch.k.data());
-    cpu::linear(scratch.normed.data(), b, hidden, matrix(layer.v_proj), layer.v_bias.floats(),
-                kv_width, scratch.v.data());
-    if (c.qk_norm) {
-      cpu::rms_norm(scratch.q.data(), layer.q_norm.floats(), b * c.num_heads, head_dim,
-                    c.rms_norm_eps, scratch.q.data());
-      cpu::rms_norm(scratch.k.data(), layer.k_norm.floats(), b * c.num_kv_heads, head_dim,
-                    c.rms_norm_eps, scratch.k.data());
-    }
+    project_qkv(c, layer, scratch.hidden.data(), b, scratch.normed.data(), scratch.q.data(),
+                scratch.k.data(), scratch.v.data());
     for (int64_t i = 0; i < b; ++i) {
       Sequence& s = *sequences[i];
       LayerCache& cache = s.cache[layer_index];
@@ -691,28 +699,15 @@ std::vector<float> CpuExecutor::decode(std::span<Sequence* const> sequences,
       remember_queries(s, c, layer_index, q, 1);
       decode_attention(s, c, layer_index, q, scratch.attention_out.data() + i * q_width);
     }
-    cpu::linear(scratch.attention_out.data(), b, q_width, matrix(layer.o_proj),
-                layer.o_bias.floats(), hidden, scratch.projected.data());
-    cpu::add_inplace(scratch.hidden.data(), scratch.projected.data(), b * hidden);
-    cpu::rms_norm(scratch.hidden.data(), layer.mlp_norm.floats(), b, hidden, c.rms_norm_eps,
-                  scratch.normed.data());
-    cpu::linear(scratch.normed.data(), b, hidden, matrix(layer.gate_proj), nullptr,
-                c.intermediate_size, scratch.gate.data());
-    cpu::linear(scratch.normed.data(), b, hidden, matrix(layer.up_proj), nullptr,
-                c.intermediate_size, scratch.up.data());
-    cpu::swiglu_inplace(scratch.gate.data(), scratch.up.data(), b * c.intermediate_size);
-    cpu::linear(scratch.gate.data(), b, c.intermediate_size, matrix(layer.down_proj), nullptr,
-                hidden, scratch.projected.data());
-    cpu::add_inplace(scratch.hidden.data(), scratch.projected.data(), b * hidden);
+    output_and_mlp(c, layer, scratch.attention_out.data(), scratch.hidden.data(), b,
+                   scratch.normed.data(), scratch.projected.data(), scratch.gate.data(),
+                   scratch.up.data());
   }
   for (Sequence* s : sequences) {
     if (s->schedule.advance(1)) compress(*s, c);
   }
   std::vector<float> logits(static_cast<size_t>(b * vocab));
-  cpu::rms_norm(scratch.hidden.data(), weights_.final_norm.floats(), b, hidden, c.rms_norm_eps,
-                scratch.normed.data());
-  cpu::linear(scratch.normed.data(), b, hidden, matrix(weights_.lm_head), nullptr, vocab,
-              logits.data());
+  project_logits(weights_, scratch.hidden.data(), b, scratch.normed.data(), logits.data());
   return logits;
 }
 

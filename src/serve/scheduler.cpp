@@ -22,20 +22,6 @@ std::string mib(int64_t bytes) {
 
 }  // namespace
 
-const char* finish_reason_name(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kError:
-      return "error";
-  }
-  return "error";
-}
-
 bool RequestStream::next(StreamEvent& event, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
   if (!ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return false;

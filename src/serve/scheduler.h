@@ -50,7 +50,6 @@ struct RequestStats {
 // "stop": a stop token or string; "length": max_tokens or the context; "cancelled": the client
 // went away or the server is stopping; "error": the engine failed (message in StreamEvent::error).
 enum class FinishReason { kStop, kLength, kCancelled, kError };
-const char* finish_reason_name(FinishReason reason);
 
 struct StreamEvent {
   enum class Kind { kText, kFinished };
@@ -157,7 +156,6 @@ class Scheduler {
   };
   std::deque<Queued> queue_;
   int running_ = 0;
-  int64_t reserved_pages_ = 0;
   int64_t steps_ = 0;
   KvPoolUsage pool_usage_;  // as of the last step
   KvPoolUsage pool_shape_;  // its size and page bytes, fixed: read without the lock
