@@ -18,6 +18,8 @@
 #include "expect_error.h"
 #include "model/model_weights.h"
 #include "model/random_model.h"
+#include "shipped_model_support.h"
+#include "small_budgets.h"
 
 // The action (last, so that it may hold commas) must throw Error naming `part`.
 #define EXPECT_ERROR(part, ...) \
@@ -25,24 +27,6 @@
 
 namespace entropyinfer {
 namespace {
-
-std::string shipped_model() {
-  return std::string(ENTROPYINFER_FIXTURES_DIR) + "/../../models/needle-llama-11m";
-}
-
-// Budgets small enough that prompts of a few hundred tokens run sparse and are compressed.
-AttentionConfig small_budgets(const std::string& methods) {
-  AttentionConfig config;
-  config.prefill_params.segment_size = 64;
-  config.prefill_params.block_size = 8;
-  config.prefill_params.sparse_threshold = 64;
-  config.prefill_params.base_budget = 64;
-  config.prefill_params.critiprefill_budget = 64;
-  config.decode_params.budget = 64;
-  config.decode_params.window = 8;
-  config.decode_params.gap = 4;
-  return with_methods(methods, config);
-}
 
 struct Case {
   std::string methods;
@@ -55,7 +39,9 @@ struct Case {
 
 class BatchModelTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { weights_ = new ModelWeights(load_model(shipped_model())); }
+  static void SetUpTestSuite() {
+    weights_ = new ModelWeights(load_model(testing::shipped_model_dir()));
+  }
   static void TearDownTestSuite() {
     delete weights_;
     weights_ = nullptr;
@@ -100,7 +86,7 @@ TEST_F(BatchModelTest, SequencesDecodingTogetherGetTheLogitsEachGetsAlone) {
   }
   for (size_t i = 0; i < cases.size(); ++i) {
     Case& c = cases[i];
-    c.attention = small_budgets(c.methods);
+    c.attention = testing::small_budgets(c.methods);
     c.prompt = random_prompt(c.prompt_tokens, weights_->config.vocab_size, 17 + i);
     run_alone(c, kSteps);
   }
@@ -167,7 +153,7 @@ TEST_F(BatchModelTest, PagesHeldStayWithinTheReservationAndCompressionReturnsThe
   for (const char* methods : {"full", "entropy+snapkv", "full+latent", "full+adakv",
                               "full+pyramidkv", "full+streaming"}) {
     SCOPED_TRACE(methods);
-    const AttentionConfig attention = small_budgets(methods);
+    const AttentionConfig attention = testing::small_budgets(methods);
     const std::vector<int32_t> prompt = random_prompt(600, weights_->config.vocab_size, 5);
     const BatchModel::PageNeed need = batch->pages_needed(attention, 600, kSteps);
     const BatchModel::SequenceId id = batch->open(attention, prompt, kSteps);

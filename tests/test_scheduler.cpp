@@ -18,27 +18,12 @@
 #include "expect_error.h"
 #include "model/model_weights.h"
 #include "serve/scheduler.h"
+#include "shipped_model_support.h"
+#include "small_budgets.h"
 #include "tokenizer/tokenizer.h"
 
 namespace entropyinfer::serve {
 namespace {
-
-std::string shipped_model() {
-  return std::string(ENTROPYINFER_FIXTURES_DIR) + "/../../models/needle-llama-11m";
-}
-
-AttentionConfig small_budgets(const std::string& methods) {
-  AttentionConfig config;
-  config.prefill_params.segment_size = 64;
-  config.prefill_params.block_size = 8;
-  config.prefill_params.sparse_threshold = 64;
-  config.prefill_params.base_budget = 64;
-  config.prefill_params.critiprefill_budget = 64;
-  config.decode_params.budget = 64;
-  config.decode_params.window = 8;
-  config.decode_params.gap = 4;
-  return with_methods(methods, config);
-}
 
 std::string document(int lines) {
   std::string text;
@@ -75,8 +60,8 @@ Answer read_all(RequestStream& stream) {
 class SchedulerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    weights_ = new ModelWeights(load_model(shipped_model()));
-    tokenizer_ = load_tokenizer(shipped_model() + "/tokenizer.json").release();
+    weights_ = new ModelWeights(load_model(testing::shipped_model_dir()));
+    tokenizer_ = load_tokenizer(testing::shipped_model_dir() + "/tokenizer.json").release();
   }
   static void TearDownTestSuite() {
     delete weights_;
@@ -99,7 +84,7 @@ class SchedulerTest : public ::testing::Test {
     r.generation.sampler.temperature = temperature;
     r.generation.sampler.top_p = temperature > 0 ? 0.9f : 1.0f;
     r.generation.sampler.seed = seed;
-    r.attention = small_budgets(methods);
+    r.attention = testing::small_budgets(methods);
     return r;
   }
 

@@ -17,14 +17,12 @@
 #include "engine/generation.h"
 #include "engine/sampler.h"
 #include "model/model_weights.h"
+#include "shipped_model_support.h"
+#include "small_budgets.h"
 #include "tokenizer/tokenizer.h"
 
 namespace entropyinfer {
 namespace {
-
-std::string shipped_model() {
-  return std::string(ENTROPYINFER_FIXTURES_DIR) + "/../../models/needle-llama-11m";
-}
 
 // About 350 tokens: long enough for the small budgets below to make every method sparse.
 std::string long_prompt() {
@@ -36,28 +34,13 @@ std::string long_prompt() {
   return text + "The number of ships the keeper counted on line 12 was";
 }
 
-// Budgets small enough that a 350-token prompt runs sparse and its cache is compressed.
-AttentionConfig small_budgets(const std::string& methods) {
-  AttentionConfig config;
-  config.prefill_params.segment_size = 64;
-  config.prefill_params.block_size = 8;
-  config.prefill_params.sparse_threshold = 64;
-  config.prefill_params.base_budget = 64;
-  config.prefill_params.critiprefill_budget = 64;
-  config.prefill_params.dense_layers = 1;
-  config.decode_params.budget = 64;
-  config.decode_params.window = 8;
-  config.decode_params.gap = 4;
-  return with_methods(methods, config);
-}
-
 class Generation : public testing::OnDevice {
  protected:
   void SetUp() override {
     OnDevice::SetUp();
     if (IsSkipped()) return;
-    weights_ = std::make_unique<ModelWeights>(load_model(shipped_model()));
-    tokenizer_ = load_tokenizer(shipped_model() + "/tokenizer.json");
+    weights_ = std::make_unique<ModelWeights>(load_model(testing::shipped_model_dir()));
+    tokenizer_ = load_tokenizer(testing::shipped_model_dir() + "/tokenizer.json");
     prompt_ = tokenizer_->encode(long_prompt(), {.add_bos = true});
   }
 
@@ -85,7 +68,7 @@ TEST_P(Generation, SeededSamplingRepeatsUnderEveryMethod) {
   options.sampler.seed = 1234;
   for (const char* methods : {"full", "entropy+latent", "critiprefill+snapkv"}) {
     SCOPED_TRACE(methods);
-    const AttentionConfig attention = small_budgets(methods);
+    const AttentionConfig attention = testing::small_budgets(methods);
     const std::unique_ptr<LanguageModel> model = open(*weights_, context, attention);
     std::string streamed;
     const GenerationResult first = run(*model, options, &streamed);

@@ -18,16 +18,14 @@
 #include "engine/language_model.h"
 #include "gpu/gpu_test_support.h"
 #include "model/model_weights.h"
+#include "shipped_model_support.h"
+#include "small_budgets.h"
 #include "tokenizer/tokenizer.h"
 
 namespace entropyinfer {
 namespace {
 
 constexpr double kMaxExemptFraction = 0.25;
-
-std::string shipped_model() {
-  return std::string(ENTROPYINFER_FIXTURES_DIR) + "/../../models/needle-llama-11m";
-}
 
 std::string prompt_text() {
   std::string text;
@@ -37,19 +35,6 @@ std::string prompt_text() {
             " barrels of salt. ";
   }
   return text + "The south pier's barrels on entry 14 numbered";
-}
-
-AttentionConfig small_budgets(const std::string& methods) {
-  AttentionConfig config;
-  config.prefill_params.segment_size = 64;
-  config.prefill_params.block_size = 8;
-  config.prefill_params.sparse_threshold = 64;
-  config.prefill_params.base_budget = 64;
-  config.prefill_params.critiprefill_budget = 64;
-  config.decode_params.budget = 64;
-  config.decode_params.window = 8;
-  config.decode_params.gap = 4;
-  return with_methods(methods, config);
 }
 
 int argmax(const std::vector<float>& row) {
@@ -69,15 +54,16 @@ double max_difference(const std::vector<float>& a, const std::vector<float>& b) 
 
 TEST(CudaGeneration, GreedyTokensAreTheCpuEnginesUnderEachMethod) {
   ENTROPYINFER_REQUIRE_GPU();
-  const ModelWeights weights = load_model(shipped_model());
-  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(shipped_model() + "/tokenizer.json");
+  const ModelWeights weights = load_model(testing::shipped_model_dir());
+  const std::unique_ptr<Tokenizer> tokenizer =
+      load_tokenizer(testing::shipped_model_dir() + "/tokenizer.json");
   const std::vector<int32_t> prompt = tokenizer->encode(prompt_text(), {.add_bos = true});
   constexpr int kTokens = 32;
   for (const char* methods : {"full", "entropy+latent", "critiprefill+snapkv"}) {
     SCOPED_TRACE(methods);
     EngineOptions options;
     options.context_length = static_cast<int>(prompt.size()) + kTokens + 1;
-    options.attention = small_budgets(methods);
+    options.attention = testing::small_budgets(methods);
     options.decode_room = kTokens;
     options.device = Device::kCpu;
     const std::unique_ptr<LanguageModel> cpu = make_language_model(weights, options);
