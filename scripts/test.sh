@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test from a fresh clone: installs what is missing, fetches the reference tokenizer files,
 # builds (Release, with the CUDA backend wherever nvcc exists, so that it compiles in the same build),
-# runs the suite (GPU tests skip without a GPU, and the count of those skipped is printed), then builds
+# runs the suite and the server's client tests (GPU tests skip without a GPU, and the count of those
+# skipped is printed), then builds
 # again with AddressSanitizer + UndefinedBehaviorSanitizer and runs the CPU tests under it, then fuzzes
 # every parser of untrusted input for a bounded time (ENTROPYINFER_FUZZ_SECONDS per target, default 30).
 set -euo pipefail
@@ -19,6 +20,8 @@ cuda_flags=()
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${cuda_flags[@]}"
 ninja -C build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs" -LE gpu
+# The server under real clients (openai npm package, curl, headless Chromium, hostile HTTP).
+scripts/test_serve.sh build/entropyinfer
 if [[ -n $nvcc_path ]]; then
   # GPU tests carry the ctest label gpu; without a GPU each one skips, and says so.
   ctest --test-dir build --output-on-failure -j"$jobs" -L gpu | tee build/ctest-gpu.log
@@ -36,6 +39,8 @@ cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DENTROP
 ninja -C build-sanitize -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ENTROPYINFER_SANITIZER_RUN=1 ctest --test-dir build-sanitize --output-on-failure -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  scripts/test_serve.sh build-sanitize/entropyinfer
 ENTROPYINFER_FUZZ_JOBS="$jobs" scripts/fuzz.sh "${ENTROPYINFER_FUZZ_SECONDS:-30}"
 if [[ -n $nvcc_path ]]; then
   echo "all CPU tests passed (Release, ASan/UBSan, fuzzing); CUDA compiled, GPU tests: ${gpu_tests:-0}, of which ${gpu_skipped} skipped"
