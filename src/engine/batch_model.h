@@ -62,7 +62,8 @@ class BatchModel {
     int prefill_layers = 1;              // layers of that prefill this step runs (at least 1)
   };
   struct StepOutput {
-    std::vector<float> decode_logits;   // [decode.size()][vocab]
+    // [decode.size()][vocab], in the model's memory: valid until its next step or close.
+    std::span<float> decode_logits;
     bool prefill_done = false;          // the prefill ran its last layer in this step
     std::vector<float> prefill_logits;  // [vocab], the prompt's last token, when prefill_done
   };
@@ -80,6 +81,9 @@ class BatchModel {
   };
   virtual PageNeed pages_needed(const AttentionConfig& attention, int prompt_tokens,
                                 int max_new_tokens) const = 0;
+  // Whether a new sequence may start its prefill: an executor that holds one sequence's cache
+  // outside the pool until it is final (the CUDA one, through the latent gap) says no meanwhile.
+  virtual bool prefill_slot_free() const { return true; }
   virtual KvPoolUsage pool_usage() const = 0;
   virtual int pages_held(SequenceId sequence) const = 0;
 
@@ -94,8 +98,12 @@ class BatchModel {
   virtual std::string device_name() const = 0;
 };
 
-// The batch executor on `options.device`. Error for a device this build or machine lacks.
+// The batch executor on `options.device` (engine/make_language_model.cpp). Error for a device this
+// build or machine lacks.
 std::unique_ptr<BatchModel> make_batch_model(const ModelWeights& weights,
                                              const BatchModelOptions& options);
+// The CPU one (engine/cpu_batch_model.cpp).
+std::unique_ptr<BatchModel> make_cpu_batch_model(const ModelWeights& weights,
+                                                 const BatchModelOptions& options);
 
 }  // namespace entropyinfer

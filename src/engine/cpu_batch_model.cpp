@@ -64,7 +64,8 @@ class CpuBatchModel : public BatchModel {
       }
       decoding.push_back(entry.sequence.get());
     }
-    output.decode_logits = executor_.decode(decoding, input.decode_tokens);
+    decode_logits_ = executor_.decode(decoding, input.decode_tokens);
+    output.decode_logits = decode_logits_;
     if (input.prefill >= 0) {
       Entry& entry = find(input.prefill);
       if (!CpuExecutor::schedule(*entry.sequence).is_prefill())
@@ -156,6 +157,7 @@ class CpuBatchModel : public BatchModel {
 
   const ModelWeights& weights_;
   CpuExecutor executor_;
+  std::vector<float> decode_logits_;  // the last step's
   KvPagePool pool_;
   // Entries hold caches charged to pool_, so they are destroyed first.
   std::map<SequenceId, std::unique_ptr<Entry>> sequences_;
@@ -164,13 +166,8 @@ class CpuBatchModel : public BatchModel {
 
 }  // namespace
 
-std::unique_ptr<BatchModel> make_batch_model(const ModelWeights& weights,
-                                             const BatchModelOptions& options) {
-  if (options.device == Device::kCuda) {
-    throw Error(
-        "serving on cuda is not built yet: the CUDA executor runs one sequence at a time; "
-        "serve with --device cpu");
-  }
+std::unique_ptr<BatchModel> make_cpu_batch_model(const ModelWeights& weights,
+                                                 const BatchModelOptions& options) {
   return std::make_unique<CpuBatchModel>(weights, options);
 }
 

@@ -3,11 +3,13 @@
 #include <memory>
 
 #include "core/error.h"
+#include "engine/batch_model.h"
 #include "engine/language_model.h"
 #include "engine/transformer.h"
 
 #ifdef ENTROPYINFER_WITH_CUDA
 #include "backends/cuda/cuda_common.h"
+#include "engine/cuda/cuda_batch_model.h"
 #include "engine/cuda/cuda_transformer.h"
 #endif
 
@@ -46,6 +48,18 @@ std::unique_ptr<LanguageModel> make_language_model(const ModelWeights& weights,
   cuda_options.upload_progress = options.upload_progress;
   cuda_options.attention = options.attention;
   return std::make_unique<cuda::CudaTransformer>(weights, cuda_options);
+#else
+  (void)weights;
+  return nullptr;  // check_device has thrown
+#endif
+}
+
+std::unique_ptr<BatchModel> make_batch_model(const ModelWeights& weights,
+                                             const BatchModelOptions& options) {
+  if (options.device == Device::kCpu) return make_cpu_batch_model(weights, options);
+  check_device(options.device);
+#ifdef ENTROPYINFER_WITH_CUDA
+  return cuda::make_cuda_batch_model(weights, options);
 #else
   (void)weights;
   return nullptr;  // check_device has thrown

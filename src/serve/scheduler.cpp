@@ -287,7 +287,7 @@ void Scheduler::serve_loop() {
       for (const auto& a : active) {
         reserved += model_->compressed(a->sequence) ? a->pages.steady : a->pages.peak;
       }
-      if (!prefilling && !queue_.empty() &&
+      if (!prefilling && model_->prefill_slot_free() && !queue_.empty() &&
           static_cast<int>(active.size()) < options_.max_running &&
           reserved + queue_.front().pages <= pool_shape_.pages_total) {
         Queued q = std::move(queue_.front());
@@ -334,19 +334,43 @@ void Scheduler::serve_loop() {
       } else if (prefill == nullptr) {
         prefill = a.get();
         input.prefill = a->sequence;
-        input.prefill_layers = std::max(options_.prefill_layers_per_step, 1);
+        const int64_t prompt = std::max<int64_t>(1, static_cast<int64_t>(a->request.prompt.size()));
+        input.prefill_layers = static_cast<int>(std::clamp<int64_t>(
+            options_.prefill_token_layers_per_step / prompt, 1, model_->num_layers()));
       }
     }
     if (prefill != nullptr || !decoding.empty()) {
       try {
         BatchModel::StepOutput output = model_->step(input);
+        {
+          // Before any token of this step reaches a client, so that what they read next agrees.
+          std::lock_guard lock(mutex_);
+          pool_usage_ = model_->pool_usage();
+        }
         const int64_t vocab = model_->config().vocab_size;
-        for (size_t i = 0; i < decoding.size(); ++i) {
-          Active& a = *decoding[i];
+        // Sampling reads a whole vocabulary per row: the rows are sampled in parallel (each
+        // request has its own sampler), then accepted in order.
+        const int64_t rows = static_cast<int64_t>(decoding.size());
+        std::vector<int32_t> sampled(decoding.size(), -1);
+        std::vector<std::string> sample_errors(decoding.size());
+#pragma omp parallel for schedule(dynamic) if (rows > 1)
+        for (int64_t i = 0; i < rows; ++i) {
           try {
             std::span<float> logits(output.decode_logits.data() + i * vocab,
                                     static_cast<size_t>(vocab));
-            accept(a, sample(a, logits));
+            sampled[static_cast<size_t>(i)] = sample(*decoding[static_cast<size_t>(i)], logits);
+          } catch (const std::exception& error) {
+            sample_errors[static_cast<size_t>(i)] = error.what();
+          }
+        }
+        for (size_t i = 0; i < decoding.size(); ++i) {
+          Active& a = *decoding[i];
+          if (!sample_errors[i].empty()) {
+            finish(a, FinishReason::kError, sample_errors[i]);
+            continue;
+          }
+          try {
+            accept(a, sampled[i]);
           } catch (const std::exception& error) {
             finish(a, FinishReason::kError, error.what());
           }

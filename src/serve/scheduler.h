@@ -96,7 +96,10 @@ class AdmissionError : public Error {
 struct SchedulerOptions {
   int max_running = 256;  // sequences decoding at once
   int max_queued = 1024;  // waiting requests; beyond it submit() throws QueueFullError
-  int prefill_layers_per_step = 1;
+  // Prefill work per step, in prompt tokens times layers: a prompt runs as many layers per step as
+  // fit (at least one), so short prompts finish in a step or two while a long one runs a layer
+  // at a time between the other sequences' decode steps.
+  int64_t prefill_token_layers_per_step = 65536;
 };
 
 class QueueFullError : public Error {

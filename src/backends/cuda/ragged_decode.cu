@@ -289,6 +289,30 @@ __global__ void paged_append_kernel(const bf16* k, const bf16* v, int64_t row_st
   if (threadIdx.x == 0) lengths[entry] = row + 1;
 }
 
+// One page of one cache per block: rows [page * kBlockN, +kBlockN) of cache blockIdx.y that are
+// below its length, 16 bytes per thread and step.
+__global__ void paged_store_kernel(const bf16* keys, const bf16* values, int64_t cache_stride,
+                                   int head_dim, const int32_t* lengths, const int32_t* page_table,
+                                   int64_t max_pages, bf16* key_pool, bf16* value_pool) {
+  const int cache = blockIdx.y;
+  const int64_t page_index = blockIdx.x;
+  const int64_t first = page_index * kBlockN;
+  const int64_t rows = min(static_cast<int64_t>(kBlockN), lengths[cache] - first);
+  if (rows <= 0) return;
+  const int64_t page = page_table[cache * max_pages + page_index];
+  const int chunks = head_dim / 8;  // uint4 per row
+  const uint4* key_rows =
+      reinterpret_cast<const uint4*>(keys + (cache * cache_stride + first) * head_dim);
+  const uint4* value_rows =
+      reinterpret_cast<const uint4*>(values + (cache * cache_stride + first) * head_dim);
+  uint4* key_target = reinterpret_cast<uint4*>(key_pool + page * kBlockN * head_dim);
+  uint4* value_target = reinterpret_cast<uint4*>(value_pool + page * kBlockN * head_dim);
+  for (int64_t i = threadIdx.x; i < rows * chunks; i += blockDim.x) {
+    key_target[i] = key_rows[i];
+    value_target[i] = value_rows[i];
+  }
+}
+
 void check_shape(const RaggedShape& shape, bool decode) {
   if (shape.kv_heads <= 0 || shape.q_heads <= 0 || shape.q_heads % shape.kv_heads != 0) {
     throw Error("ragged decode: " + std::to_string(shape.q_heads) + " query heads cannot share " +
@@ -503,6 +527,23 @@ void paged_decode(const bf16* q, int64_t q_stride, const RaggedShape& shape,
   params.page_tables = caches.page_tables;
   params.max_pages = caches.max_pages;
   run_decode(params, shape, caches.batch, workspace, workspace_floats, stream, splits);
+}
+
+void paged_store(const bf16* keys, const bf16* values, int64_t cache_stride, int64_t caches,
+                 int64_t head_dim, const int32_t* lengths, const int32_t* page_table,
+                 int64_t max_pages, bf16* key_pool, bf16* value_pool, cudaStream_t stream) {
+  if (caches <= 0 || max_pages <= 0 || caches > 65535 || head_dim % 8 != 0 || cache_stride <= 0) {
+    throw Error("paged store: needs caches in [1, 65535], pages and a head_dim multiple of 8");
+  }
+  if (keys == nullptr || values == nullptr || lengths == nullptr || page_table == nullptr ||
+      key_pool == nullptr || value_pool == nullptr || !aligned16(keys) || !aligned16(values) ||
+      !aligned16(key_pool) || !aligned16(value_pool)) {
+    throw Error("paged store: null or unaligned pointer");
+  }
+  paged_store_kernel<<<dim3(static_cast<unsigned>(max_pages), static_cast<unsigned>(caches)), 128,
+                       0, stream>>>(keys, values, cache_stride, static_cast<int>(head_dim), lengths,
+                                    page_table, max_pages, key_pool, value_pool);
+  check(cudaGetLastError(), "paged_store_kernel");
 }
 
 void ragged_decode(const bf16* q, const bf16* key_cache, const bf16* value_cache,

@@ -81,6 +81,14 @@ struct PagedCaches {
 void paged_append(const bf16* k, const bf16* v, int64_t row_stride, const RaggedShape& shape,
                   const PagedCaches& caches, cudaStream_t stream);
 
+// Copies per-head caches into pages: the first lengths[c] rows (lengths a device array) of cache c
+// (at c * cache_stride rows of keys and values, [rows][head_dim] each) go to the pages
+// page_table[c * max_pages + i] (device) for rows [i * kPagedRows, (i + 1) * kPagedRows). The
+// caller gives every cache enough pages for its length.
+void paged_store(const bf16* keys, const bf16* values, int64_t cache_stride, int64_t caches,
+                 int64_t head_dim, const int32_t* lengths, const int32_t* page_table,
+                 int64_t max_pages, bf16* key_pool, bf16* value_pool, cudaStream_t stream);
+
 // ragged_decode_splits and ragged_decode_workspace_floats for paged_decode over `batch` sequences.
 int paged_decode_splits(const RaggedShape& shape, int batch, int requested = 0);
 size_t paged_decode_workspace_floats(const RaggedShape& shape, int batch, int splits);

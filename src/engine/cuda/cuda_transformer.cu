@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <tuple>
 
 #include "attention/decode_policy.h"
 #include "attention/decode_selection.h"
@@ -981,32 +982,70 @@ struct CudaTransformer::State {
   // of every token exist before its attention runs, so a sparse method can estimate the layer's
   // plan from all of them (the rigid/dynamic test looks at every segment) and the attention is
   // one launch per layer. Matrix products still go chunk by chunk.
-  void run_layer_major(int64_t n, bool all_logits, std::vector<float>* all) {
+  // A layer-major prompt in progress: run_layer_major runs it whole; serving runs its layers one
+  // step at a time between decode steps of other sequences (begin_prompt).
+  struct LayerMajorPass {
+    int64_t n = 0;
+    bool all_logits = false;
+    std::vector<float>* all = nullptr;
     DeviceBuffer<float> dynamic_cos, dynamic_sin;
-    const auto [cos_table, sin_table] = rope_span(n, dynamic_cos, dynamic_sin);
-    const int64_t step = estimator ? layer_major_chunk(chunk, attention.prefill_params.segment_size,
-                                                       attention.prefill_params.block_size)
-                                   : chunk;
-    const double dense_keys_per_layer = static_cast<double>(config.num_kv_heads) * n * (n + 1) / 2;
+    const float* cos_table = nullptr;
+    const float* sin_table = nullptr;
+    int64_t step = 0;
+    double dense_keys_per_layer = 0;
     EventTimer estimate_timer, attention_timer;
+    int64_t host_keys = 0;                 // dense layers' keys, counted on the host
+    int64_t sparse_layers_dense_keys = 0;  // what full attention would read in sparse layers
+    int next_layer = 0;
+  };
+
+  void run_layer_major(int64_t n, bool all_logits, std::vector<float>* all) {
+    LayerMajorPass pass;
+    begin_layer_major(pass, n, all_logits, all);
+    while (pass.next_layer < config.num_layers) run_layer_major_layer(pass);
+    finish_layer_major(pass);
+  }
+
+  void begin_layer_major(LayerMajorPass& pass, int64_t n, bool all_logits,
+                         std::vector<float>* all) {
+    pass.n = n;
+    pass.all_logits = all_logits;
+    pass.all = all;
+    std::tie(pass.cos_table, pass.sin_table) = rope_span(n, pass.dynamic_cos, pass.dynamic_sin);
+    pass.step = estimator ? layer_major_chunk(chunk, attention.prefill_params.segment_size,
+                                              attention.prefill_params.block_size)
+                          : chunk;
+    pass.dense_keys_per_layer = static_cast<double>(config.num_kv_heads) * n * (n + 1) / 2;
     recording->prefill_plans.clear();
     if (estimator)
       check(cudaMemsetAsync(key_counters.data(), 0, sizeof(unsigned long long), stream),
             "counters");
-    int64_t host_keys = 0;                 // dense layers' keys, counted on the host
-    int64_t sparse_layers_dense_keys = 0;  // what full attention would read in sparse layers
     if (compress_in_prefill) {
       scratch_keys.allocate(static_cast<size_t>(w.kv) * context);
       scratch_values.allocate(static_cast<size_t>(w.kv) * context);
       begin_compression(static_cast<int>(n));
     }
-    for (int64_t t0 = 0; t0 < n; t0 += step) {
-      const int64_t m = std::min<int64_t>(step, n - t0);
+    for (int64_t t0 = 0; t0 < n; t0 += pass.step) {
+      const int64_t m = std::min<int64_t>(pass.step, n - t0);
       const auto timed = stages.scope(Stage::kEmbedding, stream);
       cuda::embedding(embedding.data(), ids.data() + t0, m, w.hidden,
                       prompt_hidden.data() + t0 * w.hidden, stream);
     }
-    for (int index = 0; index < config.num_layers; ++index) {
+  }
+
+  void run_layer_major_layer(LayerMajorPass& pass) {
+    const int64_t n = pass.n;
+    const bool all_logits = pass.all_logits;
+    const float* cos_table = pass.cos_table;
+    const float* sin_table = pass.sin_table;
+    const int64_t step = pass.step;
+    const double dense_keys_per_layer = pass.dense_keys_per_layer;
+    EventTimer& estimate_timer = pass.estimate_timer;
+    EventTimer& attention_timer = pass.attention_timer;
+    int64_t& host_keys = pass.host_keys;
+    int64_t& sparse_layers_dense_keys = pass.sparse_layers_dense_keys;
+    {
+      const int index = pass.next_layer++;
       Layer& layer = layers[index];
       bf16* cache_keys = compress_in_prefill ? scratch_keys.data() : layer.keys.data();
       bf16* cache_values = compress_in_prefill ? scratch_values.data() : layer.values.data();
@@ -1121,10 +1160,14 @@ struct CudaTransformer::State {
       }
       report_progress((index + 1) * n / config.num_layers, n);
     }
-    for (int64_t t0 = 0; t0 < n; t0 += step) {
-      const int64_t m = std::min<int64_t>(step, n - t0);
+  }
+
+  void finish_layer_major(LayerMajorPass& pass) {
+    const int64_t n = pass.n;
+    for (int64_t t0 = 0; t0 < n; t0 += pass.step) {
+      const int64_t m = std::min<int64_t>(pass.step, n - t0);
       const auto timed = stages.scope(Stage::kLogits, stream);
-      enqueue_logits(prompt_hidden.data() + t0 * w.hidden, t0, m, n, all_logits, all);
+      enqueue_logits(prompt_hidden.data() + t0 * w.hidden, t0, m, n, pass.all_logits, pass.all);
     }
     unsigned long long counters[1] = {0};
     if (estimator) {
@@ -1140,10 +1183,10 @@ struct CudaTransformer::State {
     }
     // The kernel counts (query head, key) pairs; the work is per KV head.
     const int64_t group = config.num_heads / config.num_kv_heads;
-    work.prefill_keys_read = host_keys + static_cast<int64_t>(counters[0]) / group;
-    work.prefill_keys_dense = host_keys + sparse_layers_dense_keys;
-    work.estimate_ms = estimate_timer.total_ms();
-    work.prefill_attention_ms = attention_timer.total_ms();
+    work.prefill_keys_read = pass.host_keys + static_cast<int64_t>(counters[0]) / group;
+    work.prefill_keys_dense = pass.host_keys + pass.sparse_layers_dense_keys;
+    work.estimate_ms = pass.estimate_timer.total_ms();
+    work.prefill_attention_ms = pass.attention_timer.total_ms();
     if (stages.active) {  // these two are always timed here
       stages.add(Stage::kEstimate, work.estimate_ms);
       stages.add(Stage::kAttention, work.prefill_attention_ms);
@@ -1383,6 +1426,169 @@ struct CudaTransformer::State {
     if (schedule.advance(n)) compress();
     return logits.data();
   }
+
+  // --- Serving (engine/cuda/cuda_batch_model.cu)
+  // --------------------------------------------------
+
+  std::unique_ptr<LayerMajorPass> prompt_pass;      // the resident prompt while its layers run
+  std::vector<float> host_rope_cos, host_rope_sin;  // the RoPE tables, for batch rows' positions
+  DeviceBuffer<float> batch_rope_cos, batch_rope_sin, batch_logits, paged_workspace;
+  DeviceBuffer<int32_t> batch_ids;
+
+  void begin_prompt(std::span<const int32_t> tokens) {
+    if (compress_in_prefill) throw Error("begin_prompt: compress_during_prefill is not served");
+    if (schedule.position() != 0) throw Error("begin_prompt: the model holds a sequence");
+    schedule.check_span(tokens, config.vocab_size);
+    prompt_pass.reset();
+    work = CudaAttentionWork{};
+    stages.clear();
+    stages.active = false;
+    if (tokens.size() < 2) {  // one token has no layers to interleave
+      run(tokens, false, nullptr);
+      return;
+    }
+    check(cudaMemcpyAsync(ids.data(), tokens.data(), sizeof(int32_t) * tokens.size(),
+                          cudaMemcpyHostToDevice, stream),
+          "token upload");
+    prompt_pass = std::make_unique<LayerMajorPass>();
+    begin_layer_major(*prompt_pass, static_cast<int64_t>(tokens.size()), false, nullptr);
+  }
+
+  bool prompt_layers_done() const {
+    return !prompt_pass || prompt_pass->next_layer >= config.num_layers;
+  }
+
+  void run_prompt_layer() {
+    if (prompt_layers_done()) throw Error("run_prompt_layer: no prompt layer is left");
+    run_layer_major_layer(*prompt_pass);
+  }
+
+  std::vector<float> finish_prompt() {
+    if (prompt_pass) {
+      if (!prompt_layers_done()) throw Error("finish_prompt: layers are left");
+      finish_layer_major(*prompt_pass);
+      const int64_t n = prompt_pass->n;
+      prompt_pass.reset();
+      if (schedule.advance(n)) compress();
+    }
+    std::vector<float> host(static_cast<size_t>(w.vocab));
+    check(cudaMemcpyAsync(host.data(), logits.data(), sizeof(float) * host.size(),
+                          cudaMemcpyDeviceToHost, stream),
+          "logits download");
+    check(cudaStreamSynchronize(stream), "prefill");
+    return host;
+  }
+
+  CudaTransformer::ResidentLayer resident_layer(int index) const {
+    const Layer& layer = layers.at(static_cast<size_t>(index));
+    CudaTransformer::ResidentLayer resident;
+    resident.caches = layer.cache_heads;
+    resident.per_query_head = layer.per_query_head;
+    resident.lengths.assign(static_cast<size_t>(layer.cache_heads), schedule.position());
+    if (layer.compressed) {
+      check(cudaMemcpyAsync(resident.lengths.data(), layer.lengths.data(),
+                            sizeof(int32_t) * resident.lengths.size(), cudaMemcpyDeviceToHost,
+                            stream),
+            "cache lengths");
+      check(cudaStreamSynchronize(stream), "cache lengths");
+    }
+    return resident;
+  }
+
+  void store_resident_layer(int index, const int32_t* page_table, int64_t max_pages,
+                            void* pool_keys, void* pool_values) {
+    Layer& layer = layers.at(static_cast<size_t>(index));
+    const int32_t* lengths = layer.lengths.data();
+    DeviceBuffer<int32_t> full_lengths;
+    if (!layer.compressed) {
+      const std::vector<int32_t> host(static_cast<size_t>(layer.cache_heads), schedule.position());
+      full_lengths.allocate(host.size());
+      full_lengths.upload(host.data(), host.size());
+      lengths = full_lengths.data();
+    }
+    paged_store(layer.keys.data(), layer.values.data(), layer.cache_stride, layer.cache_heads,
+                w.head_dim, lengths, page_table, max_pages, static_cast<bf16*>(pool_keys),
+                static_cast<bf16*>(pool_values), stream);
+    if (!layer.compressed) check(cudaStreamSynchronize(stream), "cache store");
+  }
+
+  // One decode step of every row of `batch` over its paged caches: the layers' products run over
+  // all rows at once (one pass over each weight matrix), attention per row over its own pages.
+  void decode_paged(const CudaTransformer::PagedBatch& batch, float* host_logits) {
+    const int64_t rows = static_cast<int64_t>(batch.tokens.size());
+    if (rows == 0) return;
+    if (rows > chunk) throw Error("decode_paged: more rows than chunk_tokens");
+    if (config.rope.scaling == RopeScaling::kDynamic)
+      throw Error("batched decode does not support dynamic RoPE scaling");
+    if (batch.positions.size() != batch.tokens.size() ||
+        batch.layers.size() != static_cast<size_t>(config.num_layers)) {
+      throw Error("decode_paged: one position per token and one page table per layer");
+    }
+    if (host_rope_cos.empty()) {
+      const RopeTables tables = rope_tables(config, 0, context);
+      host_rope_cos = tables.cos;
+      host_rope_sin = tables.sin;
+    }
+    const auto grow = [](auto& buffer, size_t count) {
+      if (buffer.size() < count) buffer.allocate(std::max(count, 2 * buffer.size()));
+    };
+    const size_t half = static_cast<size_t>(w.half_rotary);
+    std::vector<float> cos_rows(static_cast<size_t>(rows) * half),
+        sin_rows(static_cast<size_t>(rows) * half);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int position = batch.positions[static_cast<size_t>(r)];
+      if (position < 0 || position >= context) throw Error("decode_paged: position out of range");
+      std::copy_n(host_rope_cos.begin() + static_cast<int64_t>(position) * w.half_rotary, half,
+                  cos_rows.begin() + r * w.half_rotary);
+      std::copy_n(host_rope_sin.begin() + static_cast<int64_t>(position) * w.half_rotary, half,
+                  sin_rows.begin() + r * w.half_rotary);
+    }
+    grow(batch_rope_cos, cos_rows.size());
+    grow(batch_rope_sin, sin_rows.size());
+    grow(batch_ids, static_cast<size_t>(rows));
+    grow(batch_logits, static_cast<size_t>(rows * w.vocab));
+    batch_rope_cos.upload(cos_rows.data(), cos_rows.size());
+    batch_rope_sin.upload(sin_rows.data(), sin_rows.size());
+    batch_ids.upload(batch.tokens.data(), batch.tokens.size());
+    RaggedShape shape;
+    shape.q_heads = config.num_heads;
+    shape.kv_heads = config.num_kv_heads;
+    shape.head_dim = config.head_dim;
+    size_t workspace = 1;
+    for (const CudaTransformer::PagedLayer& layer : batch.layers) {
+      shape.cache_stride = shape.max_length = layer.max_pages * kPagedRows;
+      const int splits = paged_decode_splits(shape, static_cast<int>(rows));
+      workspace = std::max(workspace, paged_decode_workspace_floats(shape, rows, splits));
+    }
+    grow(paged_workspace, workspace);
+
+    cuda::embedding(embedding.data(), batch_ids.data(), rows, w.hidden, hidden.data(), stream);
+    for (int index = 0; index < config.num_layers; ++index) {
+      Layer& layer = layers[index];
+      const CudaTransformer::PagedLayer& pages = batch.layers[static_cast<size_t>(index)];
+      enqueue_qkv(layer, hidden.data(), rows, batch_rope_cos.data(), batch_rope_sin.data(),
+                  nullptr);
+      PagedCaches caches;
+      caches.page_tables = pages.page_tables;
+      caches.max_pages = pages.max_pages;
+      caches.lengths = pages.lengths;
+      caches.keys = static_cast<bf16*>(batch.pool_keys);
+      caches.values = static_cast<bf16*>(batch.pool_values);
+      caches.batch = static_cast<int>(rows);
+      shape.cache_stride = shape.max_length = pages.max_pages * kPagedRows;
+      paged_append(qkv.data() + w.q, qkv.data() + w.q + w.kv, w.qkv, shape, caches, stream);
+      paged_decode(qkv.data(), w.qkv, shape, caches, attn_out.data(), paged_workspace.data(),
+                   paged_workspace.size(), stream);
+      enqueue_mlp(layer, hidden.data(), attn_out.data(), rows);
+    }
+    rms_norm(hidden.data(), final_norm.data(), rows, w.hidden, config.rms_norm_eps, normed.data(),
+             stream);
+    blas.linear(normed.data(), rows, w.hidden, head(), w.vocab, batch_logits.data());
+    check(cudaMemcpyAsync(host_logits, batch_logits.data(), sizeof(float) * rows * w.vocab,
+                          cudaMemcpyDeviceToHost, stream),
+          "logits download");
+    check(cudaStreamSynchronize(stream), "batched decode");
+  }
 };
 
 CudaTransformer::CudaTransformer(const ModelWeights& weights, const CudaModelOptions& options)
@@ -1478,6 +1684,24 @@ void CudaTransformer::set_progress_callback(ProgressCallback callback) {
 }
 
 std::string CudaTransformer::memory_description() const { return state_->plan.describe(); }
+
+void CudaTransformer::begin_prompt(std::span<const int32_t> tokens) {
+  state_->begin_prompt(tokens);
+}
+bool CudaTransformer::prompt_layers_done() const { return state_->prompt_layers_done(); }
+void CudaTransformer::run_prompt_layer() { state_->run_prompt_layer(); }
+std::vector<float> CudaTransformer::finish_prompt() { return state_->finish_prompt(); }
+CudaTransformer::ResidentLayer CudaTransformer::resident_layer(int layer) const {
+  return state_->resident_layer(layer);
+}
+void CudaTransformer::store_resident_layer(int layer, const int32_t* page_table, int64_t max_pages,
+                                           void* pool_keys, void* pool_values) {
+  state_->store_resident_layer(layer, page_table, max_pages, pool_keys, pool_values);
+}
+void CudaTransformer::decode_paged(const PagedBatch& batch, float* logits) {
+  state_->decode_paged(batch, logits);
+}
+void* CudaTransformer::stream() const { return state_->stream; }
 
 std::string CudaTransformer::device_name() const {
   int index = 0;

@@ -124,6 +124,50 @@ class CudaTransformer : public LanguageModel {
   // needed and free) when it is more than the GPU has free.
   static GpuMemoryPlan plan(const ModelConfig& config, const CudaModelOptions& options);
 
+  // --- Serving (engine/cuda/cuda_batch_model.cu): the model's own cache holds one resident
+  // sequence while it prefills (and, for latent compression, until it compresses); its cache is
+  // then stored into pages of a pool, and many stored sequences decode together.
+
+  // A prompt from position 0, layer-major, one run_prompt_layer() at a time, so that other
+  // sequences' decode steps run between its layers. finish_prompt() returns the last token's
+  // logits after compressing when the decode method compresses right after the prompt.
+  void begin_prompt(std::span<const int32_t> tokens);
+  bool prompt_layers_done() const;
+  void run_prompt_layer();
+  std::vector<float> finish_prompt();
+
+  // The resident cache of one layer: `caches` per-head caches and their lengths.
+  struct ResidentLayer {
+    int caches = 0;
+    bool per_query_head = false;
+    std::vector<int32_t> lengths;
+  };
+  ResidentLayer resident_layer(int layer) const;
+  // Copies that layer's cache into pool pages: cache c's rows go to the pages
+  // page_table[c * max_pages ..] (a device array) of the pools (bf16
+  // [pages][kPagedRows][head_dim]). Ordered on stream().
+  void store_resident_layer(int layer, const int32_t* page_table, int64_t max_pages,
+                            void* pool_keys, void* pool_values);
+
+  // One layer's paged caches of a batch: entry b * kv_heads + h is KV head h of row b.
+  struct PagedLayer {
+    const int32_t* page_tables = nullptr;  // device, [rows * kv_heads][max_pages]
+    int64_t max_pages = 0;
+    int32_t* lengths = nullptr;  // device, [rows * kv_heads]; each step appends one row
+  };
+  struct PagedBatch {
+    std::span<const int32_t> tokens;     // one per row
+    std::span<const int32_t> positions;  // each row's position
+    std::vector<PagedLayer> layers;
+    void* pool_keys = nullptr;
+    void* pool_values = nullptr;
+  };
+  // Runs every row's token through the model over its paged caches, appending its key and value
+  // there, and writes [rows][vocab] logits to host memory at `logits` (pinned memory downloads
+  // fastest). Independent of the resident sequence.
+  void decode_paged(const PagedBatch& batch, float* logits);
+  void* stream() const;  // the cudaStream_t all of the model's work runs on
+
  private:
   struct State;
   std::unique_ptr<State> state_;

@@ -1,0 +1,250 @@
+// The CUDA batch executor against the CUDA single-sequence one, on the shipped model: sequences of
+// different methods and lengths decoding together in one batched step over pool pages, while
+// later prompts prefill a layer per step between those steps, get the logits each gets alone
+// (teacher-forced with the lone run's greedy tokens, so that no difference compounds). Both run
+// bf16 products; the batch's have more rows (cuBLASLt may pick other algorithms) and its attention
+// is paged_decode over pages instead of flash_decode or ragged_decode over slabs, so the bound is
+// kLogitBound of the largest logit (the bf16 parity bound is 5e-2). The pool holds what
+// pages_needed reserved, compressed sequences far less than full ones, and nothing after close.
+// The scheduler on the CUDA executor answers concurrent requests and returns every page.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/batch_model.h"
+#include "engine/cuda/cuda_transformer.h"
+#include "engine/sampler.h"
+#include "gpu/gpu_test_support.h"
+#include "model/model_weights.h"
+#include "model/random_model.h"
+#include "serve/scheduler.h"
+#include "shipped_model_support.h"
+#include "small_budgets.h"
+#include "tokenizer/tokenizer.h"
+
+namespace entropyinfer {
+namespace {
+
+constexpr double kLogitBound = 2e-2;
+
+struct Case {
+  std::string methods;
+  int prompt_tokens = 0;
+  AttentionConfig attention;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> continuation;
+  std::vector<std::vector<float>> alone_logits;  // prompt's last token, then each fed token
+};
+
+class CudaBatchModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (cuda::device_count() == 0) return;
+    weights_ = new ModelWeights(load_model(testing::shipped_model_dir()));
+  }
+  static void TearDownTestSuite() {
+    delete weights_;
+    weights_ = nullptr;
+  }
+
+  static BatchModelOptions options(int64_t pool_mib) {
+    BatchModelOptions o;
+    o.device = Device::kCuda;
+    o.pool_bytes = pool_mib << 20;
+    return o;
+  }
+
+  static ModelWeights* weights_;
+};
+ModelWeights* CudaBatchModelTest::weights_ = nullptr;
+
+TEST_F(CudaBatchModelTest, SequencesDecodingTogetherGetTheLogitsEachGetsAlone) {
+  ENTROPYINFER_REQUIRE_GPU();
+  constexpr int kSteps = 12;
+  std::vector<Case> cases;
+  for (const auto& [methods, tokens] :
+       std::vector<std::pair<std::string, int>>{{"full", 300},
+                                                {"entropy+snapkv", 520},
+                                                {"full+latent", 410},
+                                                {"critiprefill+streaming", 260},
+                                                {"entropy+adakv", 380},
+                                                {"entropy+latent", 700}}) {
+    Case c;
+    c.methods = methods;
+    c.prompt_tokens = tokens;
+    c.attention = testing::small_budgets(methods);
+    c.prompt = random_prompt(tokens, weights_->config.vocab_size, 17 + cases.size());
+    cases.push_back(c);
+  }
+  {
+    cuda::CudaModelOptions alone_options;
+    alone_options.layer_major_prefill = true;
+    alone_options.decode_room = 64;
+    cuda::CudaTransformer alone(*weights_, alone_options);
+    for (Case& c : cases) {
+      alone.set_attention(c.attention, true);
+      std::vector<float> logits = alone.forward(c.prompt);
+      c.alone_logits.push_back(logits);
+      for (int i = 0; i < kSteps; ++i) {
+        c.continuation.push_back(argmax(logits));
+        logits = alone.forward(std::vector<int32_t>{c.continuation.back()});
+        c.alone_logits.push_back(logits);
+      }
+    }
+  }
+  std::unique_ptr<BatchModel> batch = make_batch_model(*weights_, options(256));
+  std::vector<BatchModel::SequenceId> ids;
+  for (const Case& c : cases) ids.push_back(batch->open(c.attention, c.prompt, kSteps + 1));
+
+  std::vector<int> fed(cases.size(), -1);
+  size_t prefilling = 0;
+  double worst = 0.0;
+  int decode_rows = 0, largest_batch = 0;
+  bool waited_for_slot = false;
+  bool started = false;  // ids[prefilling] has begun its prefill
+  while (true) {
+    BatchModel::StepInput input;
+    std::vector<size_t> decoding;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      if (fed[i] >= 0 && fed[i] < kSteps) {
+        input.decode.push_back(ids[i]);
+        input.decode_tokens.push_back(cases[i].continuation[static_cast<size_t>(fed[i])]);
+        decoding.push_back(i);
+      }
+    }
+    // A latent sequence keeps the prefill cache through its gap: the next prefill waits.
+    if (prefilling < cases.size()) {
+      if (started || batch->prefill_slot_free()) {
+        input.prefill = ids[prefilling];
+        started = true;
+      } else {
+        waited_for_slot = true;
+      }
+    }
+    if (input.decode.empty() && input.prefill < 0) break;
+    const BatchModel::StepOutput output = batch->step(input);
+    const size_t vocab = static_cast<size_t>(weights_->config.vocab_size);
+    ASSERT_EQ(output.decode_logits.size(), decoding.size() * vocab);
+    largest_batch = std::max(largest_batch, static_cast<int>(decoding.size()));
+    for (size_t row = 0; row < decoding.size(); ++row) {
+      const size_t i = decoding[row];
+      ++fed[i];
+      const std::vector<float> logits(output.decode_logits.begin() + row * vocab,
+                                      output.decode_logits.begin() + (row + 1) * vocab);
+      worst = std::max(worst, testing::relative_max_deviation(
+                                  logits, cases[i].alone_logits[static_cast<size_t>(fed[i])]));
+      ++decode_rows;
+    }
+    if (output.prefill_done) {
+      worst = std::max(worst, testing::relative_max_deviation(output.prefill_logits,
+                                                              cases[prefilling].alone_logits[0]));
+      fed[prefilling] = 0;
+      ++prefilling;
+      started = false;
+    }
+    const KvPoolUsage pool = batch->pool_usage();
+    int64_t held = 0;
+    for (BatchModel::SequenceId id : ids) held += batch->pages_held(id);
+    ASSERT_EQ(pool.pages_used, held);
+  }
+  std::cout << "largest logit deviation batched vs alone: " << worst << " of the largest logit ("
+            << decode_rows << " decode rows, batches up to " << largest_batch << ")\n";
+  EXPECT_EQ(decode_rows, kSteps * static_cast<int>(cases.size()));
+  EXPECT_GE(largest_batch, 2);
+  EXPECT_TRUE(waited_for_slot) << "the latent sequences should have held the prefill slot";
+  EXPECT_LT(worst, kLogitBound);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const bool compresses = cases[i].attention.decode != DecodeMethod::kFull;
+    EXPECT_EQ(batch->compressed(ids[i]), compresses) << cases[i].methods;
+    EXPECT_EQ(batch->position(ids[i]), cases[i].prompt_tokens + kSteps) << cases[i].methods;
+    const BatchModel::PageNeed need =
+        batch->pages_needed(cases[i].attention, cases[i].prompt_tokens, kSteps + 1);
+    EXPECT_LE(batch->pages_held(ids[i]), need.steady) << cases[i].methods;
+    if (compresses) {
+      const BatchModel::PageNeed full =
+          batch->pages_needed(AttentionConfig{}, cases[i].prompt_tokens, kSteps + 1);
+      EXPECT_LT(batch->pages_held(ids[i]), full.steady) << cases[i].methods;
+    }
+  }
+  for (BatchModel::SequenceId id : ids) batch->close(id);
+  EXPECT_EQ(batch->pool_usage().pages_used, 0);
+}
+
+TEST_F(CudaBatchModelTest, RefusesWhatDoesNotFit) {
+  ENTROPYINFER_REQUIRE_GPU();
+  std::unique_ptr<BatchModel> batch = make_batch_model(*weights_, options(1));
+  const AttentionConfig full;
+  const BatchModel::SequenceId big = batch->open(full, random_prompt(4000, 100, 1), 4);
+  EXPECT_GT(batch->pages_needed(full, 4000, 4).steady, batch->pool_usage().pages_total);
+  BatchModel::StepInput prefill;
+  prefill.prefill = big;
+  prefill.prefill_layers = batch->num_layers();
+  try {
+    batch->step(prefill);
+    ADD_FAILURE() << "a prompt larger than the pool was stored";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("the KV pool has no room"), std::string::npos)
+        << error.what();
+  }
+  batch->close(big);
+  EXPECT_EQ(batch->pool_usage().pages_used, 0);
+  EXPECT_TRUE(batch->prefill_slot_free());
+  AttentionConfig per_query_head = testing::small_budgets("full+snapkv");
+  per_query_head.decode_params.per_query_head = true;
+  try {
+    batch->open(per_query_head, {1, 2, 3}, 4);
+    ADD_FAILURE() << "per_query_head was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("per_query_head"), std::string::npos);
+  }
+}
+
+TEST_F(CudaBatchModelTest, SchedulerAnswersConcurrentRequestsAndReturnsEveryPage) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const std::unique_ptr<Tokenizer> tokenizer =
+      load_tokenizer(testing::shipped_model_dir() + "/tokenizer.json");
+  serve::Scheduler scheduler(make_batch_model(*weights_, options(256)), *tokenizer, {});
+  std::vector<std::shared_ptr<serve::RequestStream>> streams;
+  const std::vector<std::string> methods = {"full",          "entropy+snapkv", "full+latent",
+                                            "entropy+adakv", "entropy+latent", "full+streaming"};
+  for (size_t i = 0; i < methods.size(); ++i) {
+    serve::SequenceRequest request;
+    std::string text;
+    for (size_t line = 0; line < 10 + 6 * i; ++line)
+      text += "Line " + std::to_string(line) + ": the keeper counted ships before dawn. ";
+    request.prompt = tokenizer->encode(text, {.add_bos = true});
+    request.generation.max_tokens = 16;
+    request.attention = testing::small_budgets(methods[i]);
+    streams.push_back(scheduler.submit(request));
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    SCOPED_TRACE(methods[i]);
+    serve::StreamEvent event;
+    std::string text;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+    bool finished = false;
+    while (!finished && std::chrono::steady_clock::now() < deadline) {
+      if (!streams[i]->next(event, std::chrono::milliseconds(100))) continue;
+      if (event.kind == serve::StreamEvent::Kind::kText) text += event.text;
+      finished = event.kind == serve::StreamEvent::Kind::kFinished;
+    }
+    ASSERT_TRUE(finished);
+    EXPECT_EQ(event.error, "");
+    EXPECT_GT(event.stats.completion_tokens, 0);
+    EXPECT_LE(event.stats.completion_tokens, 16);
+    EXPECT_FALSE(text.empty());
+    EXPECT_EQ(event.stats.compressed,
+              methods[i].find('+') != std::string::npos && event.stats.completion_tokens >= 4);
+  }
+  scheduler.wait_idle();
+  EXPECT_EQ(scheduler.snapshot().pool.pages_used, 0);
+}
+
+}  // namespace
+}  // namespace entropyinfer
