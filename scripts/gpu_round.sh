@@ -7,8 +7,8 @@
 #   OUT            output folder (the device run sets it)
 #   GPU_ROUND      what to run: comma-separated subset of
 #                  build,quality,tests,generate,checkpoint,attention,sparse,model,methods,bench,gemm,
-#                  tuning,profile,needle,inspect,capacity (default: all but quality, checkpoint, gemm, tuning,
-#                  profile, needle, inspect and capacity)
+#                  tuning,profile,needle,inspect,capacity,serve (default: all but quality, checkpoint, gemm,
+#                  tuning, profile, needle, inspect, capacity and serve)
 #   checkpoint     a 16 GB Llama-3.1-8B-shaped bf16 folder saved by transformers: cold load to ready
 #                  against from_pretrained (CHECKPOINT_LOADS runs each), generate on a
 #                  CHECKPOINT_PROMPT-token prompt (default 130816) per method of METHODS next to bench,
@@ -416,6 +416,20 @@ if [[ "${steps}" == *",capacity,"* && -x "${build}/entropyinfer_gpu_bench" ]]; t
     --methods "${CAPACITY_METHODS:-full,entropy+snapkv}" \
     --max-prefill-seconds "${CAPACITY_PREFILL_SECONDS:-300}" --json "${out}/capacity.json" 2>&1 |
     tee -a "${log}" || step_failed "capacity"
+fi
+
+if [[ "${steps}" == *",serve,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
+  # The serving scheduler under load on the CUDA batch executor (Llama-3.1-8B shape, random
+  # weights; carry .cache/tokenizers/llama3). SERVE_SCENARIOS, SERVE_METHODS, SERVE_ARGS.
+  section serve
+  start=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout -k 10 "${SERVE_TIMEOUT:-560}" "${build}/entropyinfer_gpu_bench" serve \
+    --tokenizer "${repo_root}/.cache/tokenizers/llama3/tokenizer.json" \
+    --methods "${SERVE_METHODS:-full,entropy+snapkv,entropy+latent}" \
+    --scenario "${SERVE_SCENARIOS:-floor,long,streams,interference}" ${SERVE_ARGS:-} \
+    --json "${out}/serve.json" 2>&1 | tee -a "${log}" || step_failed "serve"
+  summary+=("serve: $(( $(date +%s) - start )) s")
 fi
 
 if [[ "${steps}" == *",methods,"* && -x "${build}/entropyinfer" ]]; then

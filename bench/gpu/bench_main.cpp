@@ -5,6 +5,7 @@
 //   capacity   the longest prompt one GPU holds per attention method, found by constructing the
 //   engine
 //   gemm       the model's four linear products at the prefill chunk size (and one token)
+//   serve      the serving scheduler under load on the CUDA batch executor
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -15,6 +16,7 @@ namespace entropyinfer::bench {
 int run_sparse_attention_bench(int argc, char** argv);  // bench_sparse_attention.cpp
 int run_capacity_bench(int argc, char** argv);          // bench_capacity.cpp
 int run_gemm_bench(int argc, char** argv);              // bench_gemm.cpp
+int run_serve_bench(int argc, char** argv);             // bench_serve.cpp
 }  // namespace entropyinfer::bench
 
 int main(int argc, char** argv) {
@@ -37,7 +39,14 @@ int main(int argc, char** argv) {
            "         [--calibration-tokens 32768] [--max-prefill-seconds 400] [--json PATH]\n"
            "       entropyinfer_gpu_bench gemm [--shape llama-3.1-8b] [--tokens 16384,1] [--prompt "
            "131072]\n"
-           "         [--json PATH]\n";
+           "         [--json PATH]\n"
+           "       entropyinfer_gpu_bench serve [--shape llama-3.1-8b] [--methods "
+           "full,entropy+snapkv,entropy+latent]\n"
+           "         [--scenario long,streams,floor,interference,capacity] [--clients 16] "
+           "[--prompt "
+           "130816]\n"
+           "         [--output 256] (flags of each scenario: bench/gpu/bench_serve.cpp) [--json "
+           "PATH]\n";
     return argc < 2 ? 2 : 0;
   }
   try {
@@ -56,6 +65,8 @@ int main(int argc, char** argv) {
       return entropyinfer::bench::run_capacity_bench(argc - 2, argv + 2);
     if (std::strcmp(argv[1], "gemm") == 0)
       return entropyinfer::bench::run_gemm_bench(argc - 2, argv + 2);
+    if (std::strcmp(argv[1], "serve") == 0)
+      return entropyinfer::bench::run_serve_bench(argc - 2, argv + 2);
     std::cerr << "error: unknown benchmark '" << argv[1] << "'\n";
     return 2;
   } catch (const std::exception& error) {

@@ -54,6 +54,8 @@ file(GLOB ENTROPYINFER_GPU_BENCH_SOURCES CONFIGURE_DEPENDS bench/gpu/*.cpp)
 add_executable(entropyinfer_gpu_bench ${ENTROPYINFER_GPU_BENCH_SOURCES})
 target_compile_options(entropyinfer_gpu_bench PRIVATE ${ENTROPYINFER_WARNINGS})
 target_link_libraries(entropyinfer_gpu_bench PRIVATE entropyinfer_cuda nlohmann_json::nlohmann_json)
+# The serving benchmark drives the scheduler, which names executors through the engine library.
+target_link_libraries(entropyinfer_gpu_bench PRIVATE entropyinfer_engine)
 
 # The command-line tool runs on the GPU too (`entropyinfer bench --device cuda`).
 target_link_libraries(entropyinfer PRIVATE entropyinfer_cuda)
