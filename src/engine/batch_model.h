@@ -38,7 +38,9 @@ struct KvPoolUsage {
 struct BatchModelOptions {
   Device device = Device::kCpu;
   int context_length = 0;  // per sequence; 0 means the model's max_position_embeddings
-  int64_t pool_bytes = 0;  // the KV pool; 0 means enough for one full-context sequence
+  // The KV pool; 0 means enough for one full-context sequence on the CPU, the memory left after
+  // the model on CUDA.
+  int64_t pool_bytes = 0;
 };
 
 class BatchModel {

@@ -147,7 +147,7 @@ void register_serve(CLI::App& app) {
   command
       ->add_option("--kv-pool-mib", args->kv_pool_mib,
                    "KV cache pool shared by all sequences, MiB (default: one full-context "
-                   "sequence)")
+                   "sequence on the CPU, the memory left after the model on CUDA)")
       ->check(integer_in(0, int64_t{1} << 30));
   command->add_option("--max-running", args->max_running, "Sequences decoding at once")
       ->check(integer_in(1, 1 << 20))
