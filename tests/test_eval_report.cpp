@@ -121,7 +121,9 @@ TEST(EvalReport, MarkdownHasTheTablesAndValues) {
   EXPECT_NE(markdown.find("| full | none (dense) | 75.0 | 25.0 |"), std::string::npos);
   EXPECT_NE(markdown.find("### Budget 128"), std::string::npos);
   EXPECT_NE(markdown.find("### Budget 256"), std::string::npos);
-  EXPECT_NE(markdown.find("| full (dense) | vt | 50.0 | 0.0 |"), std::string::npos) << markdown;
+  EXPECT_NE(markdown.find("| full (dense) | vt | 50.0 [50.0, 50.0] | 0.0 [0.0, 0.0] |"),
+            std::string::npos)
+      << markdown;
   // Work: the budget-free run once, with its averaged fractions and time per sample.
   EXPECT_NE(markdown.find("| full | none (dense) | 8 | 50.0 | 25.0 | 2.0 | 0.25 |"),
             std::string::npos)
@@ -242,6 +244,77 @@ TEST(EvalReport, WritesOnePlotPerLevelAndTheBudgetPlot) {
     EXPECT_EQ(testing::read_file_bytes(path).rfind("<svg", 0), 0u) << path;
   }
   std::filesystem::remove_all(folder.parent_path());
+}
+
+}  // namespace
+}  // namespace entropyinfer::eval
+
+namespace entropyinfer::eval {
+namespace {
+
+// n samples of one cell, `correct` of them scoring 1.
+EvalRun binary_run(const std::string& method, int n, int correct) {
+  EvalRun run;
+  run.method = method;
+  run.budget = 512;
+  for (int i = 0; i < n; ++i) run.samples.push_back(sample("niah_single", 4096, i, i < correct));
+  return run;
+}
+
+TEST(EvalIntervals, BootstrapIntervalsMatchTheBinomialAndAreReproducible) {
+  // 360 of 400 right: the normal approximation's 95% half-width is 1.96 * sqrt(.9 * .1 / 400) =
+  // 2.94 points; the percentile bootstrap of the same scores lands within half a point of it.
+  const EvalRun run = binary_run("full", 400, 360);
+  const AccuracyInterval interval = cell_interval(run, "niah_single", 4096);
+  EXPECT_NEAR(interval_half_width(0.9, 400), 2.94, 0.01);
+  EXPECT_NEAR(90.0 - interval.low, 2.94, 0.5);
+  EXPECT_NEAR(interval.high - 90.0, 2.94, 0.5);
+  const AccuracyInterval again = cell_interval(run, "niah_single", 4096);
+  EXPECT_EQ(interval.low, again.low);
+  EXPECT_EQ(interval.high, again.high);
+  // Fewer samples, wider; a cell where every sample agrees has no spread to resample.
+  const AccuracyInterval small = cell_interval(binary_run("full", 20, 18), "niah_single", 4096);
+  EXPECT_GT(small.high - small.low, 2 * (interval.high - interval.low));
+  const AccuracyInterval flat = cell_interval(binary_run("full", 20, 20), "niah_single", 4096);
+  EXPECT_EQ(flat.low, 100.0);
+  EXPECT_EQ(flat.high, 100.0);
+  EXPECT_TRUE(std::isnan(cell_interval(run, "vt", 4096).low));
+  // Telling 90% from 85% needs half-widths of 2.5 points: 554 samples per cell.
+  EXPECT_EQ(samples_to_resolve(0.9, 2.5), 554);
+}
+
+TEST(EvalIntervals, MethodsDifferOnlyWhereTheIntervalsSeparate) {
+  const EvalRun full = binary_run("full", 40, 36);
+  const EvalRun close = binary_run("entropy+latent", 40, 34);
+  const EvalRun far = binary_run("full+streaming", 40, 12);
+  EXPECT_EQ(compare_cells(close, full, "niah_single", 4096), 0);
+  EXPECT_EQ(compare_cells(far, full, "niah_single", 4096), -1);
+  EXPECT_EQ(compare_cells(full, far, "niah_single", 4096), 1);
+  EXPECT_EQ(compare_cells(full, far, "vt", 4096), 0) << "no samples, no verdict";
+
+  EvalReport report;
+  report.tasks = {"niah_single"};
+  report.lengths = {4096};
+  report.budgets = {512};
+  report.methods = {"full", "entropy+latent", "full+streaming"};
+  report.samples_per_cell = 40;
+  report.runs = {full, close, far};
+  report.runs[0].budget = 0;
+  const std::string markdown = eval_report_markdown(report);
+  EXPECT_NE(markdown.find("90.0 ["), std::string::npos) << markdown;
+  EXPECT_NE(markdown.find("full+streaming worse (30.0 against 90.0)"), std::string::npos)
+      << markdown;
+  EXPECT_EQ(markdown.find("entropy+latent worse"), std::string::npos) << markdown;
+  EXPECT_EQ(markdown.find("entropy+latent better"), std::string::npos) << markdown;
+  const nlohmann::json json = eval_report_to_json(report);
+  bool has_interval = false;
+  for (const auto& cell : json["accuracy"]) {
+    if (cell["method"] == "full+streaming") {
+      has_interval =
+          cell["interval"][0].get<double>() < 30.0 && cell["interval"][1].get<double>() > 30.0;
+    }
+  }
+  EXPECT_TRUE(has_interval);
 }
 
 }  // namespace

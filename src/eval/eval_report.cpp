@@ -6,11 +6,13 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <random>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/svg_heatmap.h"
 #include "core/user_file.h"
+#include "eval/ruler_tasks.h"
 
 namespace entropyinfer::eval {
 namespace {
@@ -237,6 +239,48 @@ double task_accuracy(const EvalReport& report, const EvalRun& run, const std::st
   return mean_skipping_nan(values);
 }
 
+AccuracyInterval cell_interval(const EvalRun& run, const std::string& task, int length) {
+  std::vector<double> scores;
+  for (const EvalSampleResult& sample : run.samples) {
+    if (sample.task == task && sample.length == length) scores.push_back(sample.score);
+  }
+  if (scores.empty()) return {kNaN, kNaN};
+  std::mt19937_64 generator(fnv1a64(run.method + "/" + std::to_string(run.budget) + "/" + task +
+                                    "/" + std::to_string(length)));
+  std::uniform_int_distribution<size_t> pick(0, scores.size() - 1);
+  std::vector<double> means(kBootstrapResamples);
+  for (double& mean : means) {
+    double sum = 0.0;
+    for (size_t i = 0; i < scores.size(); ++i) sum += scores[pick(generator)];
+    mean = 100.0 * sum / static_cast<double>(scores.size());
+  }
+  std::sort(means.begin(), means.end());
+  const auto at = [&](double fraction) {
+    const size_t index = static_cast<size_t>(fraction * static_cast<double>(means.size() - 1));
+    return means[index];
+  };
+  return {at(0.025), at(0.975)};
+}
+
+int samples_to_resolve(double p, double half_width_points) {
+  const double half = half_width_points / 100.0;
+  return static_cast<int>(std::ceil(1.96 * 1.96 * p * (1.0 - p) / (half * half)));
+}
+
+int compare_cells(const EvalRun& a, const EvalRun& b, const std::string& task, int length) {
+  const AccuracyInterval x = cell_interval(a, task, length);
+  const AccuracyInterval y = cell_interval(b, task, length);
+  if (std::isnan(x.low) || std::isnan(y.low)) return 0;
+  if (x.low > y.high) return 1;
+  if (x.high < y.low) return -1;
+  return 0;
+}
+
+double interval_half_width(double p, int n) {
+  if (n <= 0) return kNaN;
+  return 196.0 * std::sqrt(std::max(0.0, p * (1.0 - p)) / n);
+}
+
 const EvalRun* find_run(const EvalReport& report, const std::string& method, int budget) {
   const EvalRun* budget_free = nullptr;
   for (const EvalRun& run : report.runs) {
@@ -276,7 +320,10 @@ nlohmann::json eval_report_to_json(const EvalReport& report) {
                             {"budget", run.budget},
                             {"task", task},
                             {"length", length},
-                            {"accuracy", number_or_null(cell_accuracy(run, task, length))}});
+                            {"accuracy", number_or_null(cell_accuracy(run, task, length))},
+                            {"interval",
+                             {number_or_null(cell_interval(run, task, length).low),
+                              number_or_null(cell_interval(run, task, length).high)}}});
       }
     }
     for (int length : report.lengths) {
@@ -407,11 +454,56 @@ std::string eval_report_markdown(const EvalReport& report) {
         text << "| " << escape_cell(method) << (run->budget == 0 ? " (dense)" : "") << " | "
              << escape_cell(task) << " |";
         for (int length : report.lengths) {
-          text << " " << format_accuracy(cell_accuracy(*run, task, length)) << " |";
+          const AccuracyInterval interval = cell_interval(*run, task, length);
+          text << " " << format_accuracy(cell_accuracy(*run, task, length));
+          if (!std::isnan(interval.low)) {
+            text << " [" << format_accuracy(interval.low) << ", " << format_accuracy(interval.high)
+                 << "]";
+          }
+          text << " |";
         }
         text << "\n";
       }
     }
+  }
+
+  // Against the first method (the reference, full attention by default), only where the 95%
+  // intervals separate.
+  if (!report.methods.empty()) {
+    const std::string& reference = report.methods.front();
+    text << "\n## Differences beyond the 95% intervals, against " << escape_cell(reference)
+         << "\n\nCells in brackets above are 95% bootstrap intervals (" << kBootstrapResamples
+         << " resamples of the cell's samples). A method is better or worse than "
+         << escape_cell(reference)
+         << " on a cell only where the two intervals do not overlap; everything else is not "
+            "told apart by "
+         << report.samples_per_cell << " samples (at 90% accuracy a cell of that many resolves +-"
+         << format_accuracy(interval_half_width(0.9, report.samples_per_cell))
+         << " points; telling 90% from 85% there takes " << samples_to_resolve(0.9, 2.5)
+         << " samples per cell).\n\n";
+    std::vector<std::string> lines;
+    for (int budget : report.budgets) {
+      const EvalRun* base = find_run(report, reference, budget);
+      if (base == nullptr) continue;
+      for (const std::string& method : report.methods) {
+        if (method == reference) continue;
+        const EvalRun* run = find_run(report, method, budget);
+        if (run == nullptr || run == base) continue;
+        for (const std::string& task : report.tasks) {
+          for (int length : report.lengths) {
+            const int order = compare_cells(*run, *base, task, length);
+            if (order == 0) continue;
+            lines.push_back("- budget " + std::to_string(budget) + ", " + escape_cell(task) +
+                            " at " + std::to_string(length) + ": " + escape_cell(method) + " " +
+                            (order > 0 ? "better" : "worse") + " (" +
+                            format_accuracy(cell_accuracy(*run, task, length)) + " against " +
+                            format_accuracy(cell_accuracy(*base, task, length)) + ")");
+          }
+        }
+      }
+    }
+    if (lines.empty()) text << "None: every cell's intervals overlap.\n";
+    for (const std::string& line : lines) text << line << "\n";
   }
 
   text << "\n## Work\n\nprefill keys: keys the prefill read, as a share of full causal "

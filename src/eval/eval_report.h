@@ -64,6 +64,27 @@ double run_accuracy(const EvalReport& report, const EvalRun& run);
 // The mean of cell_accuracy over the report's lengths for one task.
 double task_accuracy(const EvalReport& report, const EvalRun& run, const std::string& task);
 
+// A 95% confidence interval of a cell's accuracy (percent): the 2.5th and 97.5th percentiles of
+// kBootstrapResamples means of the cell's sample scores drawn with replacement (the percentile
+// bootstrap), from a generator seeded by the run and cell, so a report is reproducible. NaN bounds
+// without samples. A cell whose samples all score alike has an interval of width 0: the bootstrap
+// cannot see beyond the samples, which is why cells need enough of them.
+constexpr int kBootstrapResamples = 2000;
+struct AccuracyInterval {
+  double low = 0.0;
+  double high = 0.0;
+};
+AccuracyInterval cell_interval(const EvalRun& run, const std::string& task, int length);
+// +1 when run a's interval lies wholly above b's on the cell, -1 when wholly below, 0 when they
+// overlap (or a cell has no samples): a method is called better or worse only where the
+// intervals separate.
+int compare_cells(const EvalRun& a, const EvalRun& b, const std::string& task, int length);
+// The half-width of the normal-approximation 95% interval of an accuracy p (0-1) from n samples,
+// in points: what a cell of n samples can resolve (1.96 * sqrt(p (1 - p) / n) * 100).
+double interval_half_width(double p, int n);
+// The samples per cell that bring interval_half_width(p, n) down to half_width_points.
+int samples_to_resolve(double p, double half_width_points);
+
 // The run that shows `method` at budget level `budget`: the method's run at that level, else its
 // budget-free run (budget 0); nullptr when there is neither.
 const EvalRun* find_run(const EvalReport& report, const std::string& method, int budget);
