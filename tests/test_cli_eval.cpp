@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -64,6 +65,60 @@ class EvalFixture : public ::testing::Test {
 
   std::string folder_;
 };
+
+// Context-first compresses before the question arrives (so SnapKV's "before" is the context
+// alone, and it keeps a larger share of it than of the whole prompt); multi-turn asks each sample's
+// follow-up questions in turn and scores those, on the tasks that have them.
+TEST_F(EvalFixture, ProtocolsFeedTheQuestionAfterTheContextAndAskTheFollowUps) {
+  ENTROPYINFER_REQUIRE_ASSET("text/janeausten/persuasion.txt");
+  const std::string json_path = test_temp_path("eval-protocols.json");
+  const CommandResult result = run_cli(
+      "eval -m " + model() + " --text-dir " + text_dir() +
+      " --tasks niah_single,niah_multikey,niah_multiquery --samples 2 --lengths 1024"
+      " --methods full,full+snapkv --budgets 64 --protocols query-aware,context-first,multi-turn"
+      " --threads 2 --json " +
+      json_path);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  for (const std::string protocol : {"query-aware", "context-first", "multi-turn"})
+    EXPECT_NE(result.out.find("\n# Protocol " + protocol + "\n"), std::string::npos) << protocol;
+  const nlohmann::json json = nlohmann::json::parse(testing::read_file_bytes(json_path));
+  ASSERT_EQ(json["runs"].size(), 6u);
+  std::map<std::string, double> snapkv_kept;  // protocol -> mean kept fraction
+  for (const nlohmann::json& run : json["runs"]) {
+    const std::string protocol = run["protocol"];
+    const std::string method = run["method"];
+    SCOPED_TRACE(method + " " + protocol);
+    if (protocol == "multi-turn") {
+      ASSERT_EQ(run["samples"].size(), 4u) << "niah_single has no follow-up";
+      for (const nlohmann::json& sample : run["samples"]) {
+        const std::string task = sample["task"];
+        const size_t turns = task == "niah_multikey" ? 3 : 4;
+        EXPECT_EQ(sample["answers"].size(), turns) << task;
+        const std::string prediction = sample["prediction"];
+        size_t separators = 0;
+        for (size_t at = prediction.find(" | "); at != std::string::npos;
+             at = prediction.find(" | ", at + 1)) {
+          ++separators;
+        }
+        EXPECT_GE(separators, turns) << prediction;
+      }
+    } else {
+      EXPECT_EQ(run["samples"].size(), 6u);
+    }
+    if (method == "full+snapkv") {
+      double kept = 0;
+      for (const nlohmann::json& sample : run["samples"])
+        kept += sample["cache_kept_fraction"].get<double>();
+      snapkv_kept[protocol] = kept / static_cast<double>(run["samples"].size());
+      EXPECT_LT(snapkv_kept[protocol], 0.2);
+    }
+  }
+  EXPECT_GT(snapkv_kept["context-first"], snapkv_kept["query-aware"])
+      << "context-first compresses the context before its question is appended";
+  fs::remove(json_path);
+  expect_error(run_cli("eval -m " + model() + " --protocols query-aware,bogus"), "bogus");
+  expect_error(run_cli("eval -m " + model() + " --protocols context-first,context-first"), "twice");
+}
 
 TEST_F(EvalFixture, RunsEveryMethodAtEveryLevelAndWritesTheReports) {
   ENTROPYINFER_REQUIRE_ASSET("text/janeausten/persuasion.txt");

@@ -239,14 +239,44 @@ double task_accuracy(const EvalReport& report, const EvalRun& run, const std::st
   return mean_skipping_nan(values);
 }
 
+std::string eval_protocol_description(const std::string& protocol) {
+  if (protocol == "query-aware") {
+    return "query-aware: the whole prompt, context and question, is prefilled at once; decode "
+           "caches compress after it, so their window holds the question's queries";
+  }
+  if (protocol == "context-first") {
+    return "context-first: the context alone is prefilled (a method that compresses right after "
+           "the prompt compresses it then, from the context's last queries), then the question "
+           "is appended and answered; latent compression counts every token after the context, "
+           "the question's too, and compresses G of them later";
+  }
+  if (protocol == "multi-turn") {
+    return "multi-turn: the context is prefilled, then each of the sample's questions is "
+           "appended and answered greedily before the next is asked; the cell scores the "
+           "follow-up questions (the first is context-first's), which meet a cache compressed "
+           "during an earlier turn; niah_multikey and niah_multiquery have four keys to ask "
+           "about, other tasks have no follow-up and are not run";
+  }
+  throw Error("unknown eval protocol '" + protocol +
+              "' (known: query-aware, context-first, multi-turn)");
+}
+
+EvalReport protocol_report(const EvalReport& report, const std::string& protocol) {
+  EvalReport only = report;
+  only.protocols = {protocol};
+  std::erase_if(only.runs, [&](const EvalRun& run) { return run.protocol != protocol; });
+  return only;
+}
+
 AccuracyInterval cell_interval(const EvalRun& run, const std::string& task, int length) {
   std::vector<double> scores;
   for (const EvalSampleResult& sample : run.samples) {
     if (sample.task == task && sample.length == length) scores.push_back(sample.score);
   }
   if (scores.empty()) return {kNaN, kNaN};
-  std::mt19937_64 generator(fnv1a64(run.method + "/" + std::to_string(run.budget) + "/" + task +
-                                    "/" + std::to_string(length)));
+  std::mt19937_64 generator(fnv1a64(run.protocol + "/" + run.method + "/" +
+                                    std::to_string(run.budget) + "/" + task + "/" +
+                                    std::to_string(length)));
   std::uniform_int_distribution<size_t> pick(0, scores.size() - 1);
   std::vector<double> means(kBootstrapResamples);
   for (double& mean : means) {
@@ -311,6 +341,7 @@ nlohmann::json eval_report_to_json(const EvalReport& report) {
     }
     runs.push_back({{"method", run.method},
                     {"budget", run.budget},
+                    {"protocol", run.protocol},
                     {"attention", run.attention},
                     {"seconds", run.seconds},
                     {"samples", samples}});
@@ -318,6 +349,7 @@ nlohmann::json eval_report_to_json(const EvalReport& report) {
       for (int length : report.lengths) {
         accuracy.push_back({{"method", run.method},
                             {"budget", run.budget},
+                            {"protocol", run.protocol},
                             {"task", task},
                             {"length", length},
                             {"accuracy", number_or_null(cell_accuracy(run, task, length))},
@@ -329,11 +361,13 @@ nlohmann::json eval_report_to_json(const EvalReport& report) {
     for (int length : report.lengths) {
       averages.push_back({{"method", run.method},
                           {"budget", run.budget},
+                          {"protocol", run.protocol},
                           {"length", length},
                           {"accuracy", number_or_null(length_accuracy(report, run, length))}});
     }
     averages.push_back({{"method", run.method},
                         {"budget", run.budget},
+                        {"protocol", run.protocol},
                         {"length", "all"},
                         {"accuracy", number_or_null(run_accuracy(report, run))}});
   }
@@ -347,6 +381,7 @@ nlohmann::json eval_report_to_json(const EvalReport& report) {
           {"lengths", report.lengths},
           {"budgets", report.budgets},
           {"methods", report.methods},
+          {"protocols", report.protocols},
           {"notes", report.notes},
           {"runs", runs},
           {"accuracy", accuracy},
@@ -367,6 +402,9 @@ EvalReport eval_report_from_json(const nlohmann::json& json) {
   report.lengths = read<std::vector<int>>(json, "lengths", "the report");
   report.budgets = read<std::vector<int>>(json, "budgets", "the report");
   report.methods = read<std::vector<std::string>>(json, "methods", "the report");
+  // Reports older than the protocols were all query-aware.
+  if (json.contains("protocols"))
+    report.protocols = read<std::vector<std::string>>(json, "protocols", "the report");
   report.notes = read<std::string>(json, "notes", "the report");
   const nlohmann::json& runs = field(json, "runs", "the report");
   if (!runs.is_array()) throw Error("eval report: 'runs' must be an array");
@@ -374,6 +412,8 @@ EvalReport eval_report_from_json(const nlohmann::json& json) {
     EvalRun run;
     run.method = read<std::string>(run_json, "method", "a run");
     run.budget = read<int>(run_json, "budget", "a run");
+    if (run_json.contains("protocol"))
+      run.protocol = read<std::string>(run_json, "protocol", "a run");
     run.attention = field(run_json, "attention", "a run");
     run.seconds = read<double>(run_json, "seconds", "a run");
     const nlohmann::json& samples = field(run_json, "samples", "a run");
@@ -397,6 +437,10 @@ EvalReport eval_report_from_json(const nlohmann::json& json) {
   return report;
 }
 
+namespace {
+std::string markdown_tables(const EvalReport& report);
+}  // namespace
+
 std::string eval_report_markdown(const EvalReport& report) {
   std::ostringstream text;
   text << "# entropyinfer eval: RULER-style accuracy at matched budgets\n\n";
@@ -405,6 +449,24 @@ std::string eval_report_markdown(const EvalReport& report) {
        << " samples per task and length\n\n";
   if (!report.command.empty()) text << "`" << report.command << "`\n\n";
   if (!report.notes.empty()) text << report.notes << "\n\n";
+  if (report.protocols.size() <= 1) {
+    if (report.protocols.size() == 1 && report.protocols[0] != "query-aware")
+      text << "Protocol " << eval_protocol_description(report.protocols[0]) << ".\n\n";
+    text << markdown_tables(report);
+    return text.str();
+  }
+  for (const std::string& protocol : report.protocols) {
+    text << "\n# Protocol " << protocol << "\n\n"
+         << "Protocol " << eval_protocol_description(protocol) << ".\n\n"
+         << markdown_tables(protocol_report(report, protocol));
+  }
+  return text.str();
+}
+
+namespace {
+
+std::string markdown_tables(const EvalReport& report) {
+  std::ostringstream text;
 
   // Runs in table order: every budget level, every method, the budget-free ones repeated.
   std::vector<const EvalRun*> rows;
@@ -527,6 +589,8 @@ std::string eval_report_markdown(const EvalReport& report) {
   return text.str();
 }
 
+}  // namespace
+
 std::string accuracy_vs_length_svg(const EvalReport& report, int budget) {
   LineChart chart;
   chart.title = "Accuracy against prompt length, budget " + std::to_string(budget) + " (mean of " +
@@ -575,16 +639,20 @@ std::vector<std::string> write_eval_plots(const EvalReport& report, const std::s
   namespace fs = std::filesystem;
   prepare_output_folder(directory, "plot folder");
   std::vector<std::string> paths;
-  for (int budget : report.budgets) {
-    const std::string path =
-        (fs::path(directory) / ("accuracy_vs_length_budget" + std::to_string(budget) + ".svg"))
-            .string();
-    write_text_file(path, accuracy_vs_length_svg(report, budget));
+  for (const std::string& protocol : report.protocols) {
+    const EvalReport only = protocol_report(report, protocol);
+    const std::string prefix = report.protocols.size() > 1 ? protocol + "_" : "";
+    for (int budget : only.budgets) {
+      const std::string path = (fs::path(directory) / (prefix + "accuracy_vs_length_budget" +
+                                                       std::to_string(budget) + ".svg"))
+                                   .string();
+      write_text_file(path, accuracy_vs_length_svg(only, budget));
+      paths.push_back(path);
+    }
+    const std::string path = (fs::path(directory) / (prefix + "accuracy_vs_budget.svg")).string();
+    write_text_file(path, accuracy_vs_budget_svg(only));
     paths.push_back(path);
   }
-  const std::string path = (fs::path(directory) / "accuracy_vs_budget.svg").string();
-  write_text_file(path, accuracy_vs_budget_svg(report));
-  paths.push_back(path);
   return paths;
 }
 

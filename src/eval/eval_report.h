@@ -34,6 +34,9 @@ struct EvalRun {
   // which runs once and stands for itself at every level.
   int budget = 0;
   nlohmann::json attention;  // the effective AttentionConfig (attention_config_to_json)
+  // How the prompt met the cache (eval_protocol_description): query-aware, context-first or
+  // multi-turn.
+  std::string protocol = "query-aware";
   double seconds = 0.0;
   std::vector<EvalSampleResult> samples;
 };
@@ -45,13 +48,20 @@ struct EvalReport {
   std::string device;
   uint64_t seed = 0;
   int samples_per_cell = 0;
-  std::vector<std::string> tasks;    // column order of the tables
-  std::vector<int> lengths;          // ascending
-  std::vector<int> budgets;          // the levels, ascending
-  std::vector<std::string> methods;  // row and legend order
-  std::string notes;                 // how budgets are matched and which parameters were scaled
+  std::vector<std::string> tasks;                        // column order of the tables
+  std::vector<int> lengths;                              // ascending
+  std::vector<int> budgets;                              // the levels, ascending
+  std::vector<std::string> methods;                      // row and legend order
+  std::vector<std::string> protocols = {"query-aware"};  // section order
+  std::string notes;  // how budgets are matched and which parameters were scaled
   std::vector<EvalRun> runs;
 };
+
+// What each protocol of `entropyinfer eval --protocols` does, in a sentence; Error for an unknown
+// name.
+std::string eval_protocol_description(const std::string& protocol);
+// The report restricted to one protocol's runs (its tables and plots are drawn from this).
+EvalReport protocol_report(const EvalReport& report, const std::string& protocol);
 
 // RULER's score of a (task, length) cell: the mean sample score times 100. NaN when the run has no
 // sample of that cell.
@@ -109,7 +119,8 @@ std::string accuracy_vs_length_svg(const EvalReport& report, int budget);
 std::string accuracy_vs_budget_svg(const EvalReport& report);
 
 // Writes accuracy_vs_length_budget<B>.svg for every level and accuracy_vs_budget.svg into
-// `directory` (created when missing); returns the paths written. Throws Error when a file cannot be
+// `directory` (created when missing), each name prefixed with "<protocol>_" when the report has
+// more than one protocol; returns the paths written. Throws Error when a file cannot be
 // written.
 std::vector<std::string> write_eval_plots(const EvalReport& report, const std::string& directory);
 

@@ -469,6 +469,11 @@ RulerSample make_ruler_sample(RulerTask task, int length, int index, uint64_t ba
       rendered =
           fit_haystack(lines, start, needles, "What is the secret of " + keys[asked] + "? It is",
                        {values[asked]}, sources.noise_haystack, tokenizer, target, what);
+      for (size_t i = 0; i < n; ++i) {
+        if (i != asked)
+          sample.follow_ups.push_back(
+              {"What is the secret of " + keys[i] + "? It is", {values[i]}});
+      }
       break;
     }
     case RulerTask::kNiahMultivalue: {
@@ -504,6 +509,8 @@ RulerSample make_ruler_sample(RulerTask task, int length, int index, uint64_t ba
           fit_haystack(lines, start, needles,
                        "What are the secrets of" + ruler_word_list(asked_keys) + "? They are",
                        answers, sources.noise_haystack, tokenizer, target, what);
+      for (size_t i : order)
+        sample.follow_ups.push_back({"What is the secret of " + keys[i] + "? It is", {values[i]}});
       break;
     }
     case RulerTask::kVariableTracking: {

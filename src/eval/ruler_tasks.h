@@ -75,6 +75,14 @@ struct RulerSample {
   // tasks), and the question: the prompt's last line.
   std::vector<std::string> needles;
   std::string question;
+  // More questions about the same context, for the multi-turn protocol: the other keys of
+  // niah_multikey, each key of niah_multiquery alone (empty for the other tasks). Drawn from what
+  // the sample already drew, so the prompt is the same with or without them.
+  struct Turn {
+    std::string question;  // a line like the prompt's last one
+    std::vector<std::string> answers;
+  };
+  std::vector<Turn> follow_ups;
 };
 
 // Seed of evaluation sample `index` (section 2): base_seed ^ fnv1a64("task/length/index").

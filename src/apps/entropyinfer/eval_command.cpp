@@ -43,6 +43,7 @@ struct EvalArgs {
   std::vector<std::string> methods = {"full",        "entropy+latent", "critiprefill+full",
                                       "full+snapkv", "full+adakv",     "full+streaming"};
   std::vector<std::string> budgets = {"512", "1024", "2048"};
+  std::vector<std::string> protocols = {"query-aware"};
   std::string words = "all";
   std::string text_dir;
   std::string json_path;
@@ -330,8 +331,77 @@ class EvalProgress {
 
 struct PreparedSample {
   eval::RulerSample sample;
-  std::vector<int32_t> ids;  // BOS + the prompt
+  std::vector<int32_t> ids;          // BOS + the prompt
+  std::vector<int32_t> context_ids;  // BOS + the prompt without its question
+  std::vector<int32_t> question_ids;
+  std::vector<std::vector<int32_t>> follow_up_ids;  // "\n" + each follow-up question
 };
+
+// The most tokens multi-turn adds past the prompt: each follow-up question and its answer.
+int64_t multi_turn_extra_tokens(const PreparedSample& prepared) {
+  int64_t extra = 0;
+  for (const std::vector<int32_t>& ids : prepared.follow_up_ids)
+    extra += static_cast<int64_t>(ids.size()) + 1 + prepared.sample.max_new_tokens;
+  return extra;
+}
+
+struct SampleOutcome {
+  std::string prediction;
+  double score = 0.0;
+  WorkFractions after_prefill;
+};
+
+// One sample under one protocol (eval_protocol_description says what each does): greedy answers
+// of at most the task's G tokens, stopping at EOS.
+SampleOutcome run_sample(LanguageModel& model, const PreparedSample& prepared,
+                         const std::string& protocol, const std::vector<int32_t>& stop_ids,
+                         const Tokenizer& tokenizer) {
+  const eval::RulerSample& sample = prepared.sample;
+  SampleOutcome outcome;
+  model.reset();
+  int32_t token = 0;
+  if (protocol == "query-aware") {
+    token = model.forward_greedy(prepared.ids);
+    outcome.after_prefill = work_fractions(model.attention_work());
+  } else {
+    model.forward_greedy(prepared.context_ids);
+    outcome.after_prefill = work_fractions(model.attention_work());
+    token = model.forward_greedy(prepared.question_ids);
+  }
+  // Generates one answer from `token` (already sampled); leaves in `token` the last sampled one,
+  // which is not yet in the cache.
+  const auto answer = [&] {
+    std::vector<int32_t> generated;
+    for (int step = 0; step < sample.max_new_tokens; ++step) {
+      if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) break;
+      generated.push_back(token);
+      if (step + 1 == sample.max_new_tokens) break;
+      token = model.forward_greedy(std::span<const int32_t>(&token, 1));
+    }
+    // Ids past the tokenizer's vocabulary (a classifier padded beyond it) have no text.
+    std::erase_if(generated, [&](int32_t id) { return id < 0 || id >= tokenizer.vocab_size(); });
+    return tokenizer.decode(generated);
+  };
+  const std::string first = answer();
+  if (protocol != "multi-turn") {
+    outcome.prediction = first;
+    outcome.score = eval::ruler_score(sample.task, first, sample.answers);
+    return outcome;
+  }
+  outcome.prediction = first;
+  double total = 0.0;
+  for (size_t turn = 0; turn < sample.follow_ups.size(); ++turn) {
+    std::vector<int32_t> span = {token};
+    span.insert(span.end(), prepared.follow_up_ids[turn].begin(),
+                prepared.follow_up_ids[turn].end());
+    token = model.forward_greedy(span);
+    const std::string text = answer();
+    outcome.prediction += " | " + text;
+    total += eval::ruler_score(sample.task, text, sample.follow_ups[turn].answers);
+  }
+  outcome.score = sample.follow_ups.empty() ? 0.0 : total / sample.follow_ups.size();
+  return outcome;
+}
 
 void run_eval(const EvalArgs& args, CLI::App* command) {
   const auto eval_start = Clock::now();
@@ -343,6 +413,16 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
   const std::vector<eval::RulerTask> tasks = parse_tasks(args.tasks);
   const std::vector<int> lengths = parse_token_counts("--lengths", args.lengths);
   const std::vector<int> budgets = parse_token_counts("--budgets", args.budgets);
+  if (args.protocols.empty()) throw Error("--protocols: give at least one protocol");
+  for (size_t i = 0; i < args.protocols.size(); ++i) {
+    eval::eval_protocol_description(args.protocols[i]);  // Error for an unknown name
+    if (std::find(args.protocols.begin(), args.protocols.begin() + static_cast<int64_t>(i),
+                  args.protocols[i]) != args.protocols.begin() + static_cast<int64_t>(i)) {
+      throw Error("--protocols: '" + args.protocols[i] + "' is given twice");
+    }
+  }
+  const bool multi_turn =
+      std::find(args.protocols.begin(), args.protocols.end(), "multi-turn") != args.protocols.end();
   const eval::RulerWordSet words = eval::parse_ruler_word_set(args.words);
   reject_flags(command, {"--base-budget", "--critiprefill-budget", "--decode-budget"},
                "eval gives every method the same budget; set the levels with --budgets");
@@ -398,6 +478,15 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
              eval::make_ruler_samples(task, length, args.samples, args.seed, *tokenizer, sources)) {
           PreparedSample prepared;
           prepared.ids = prompt_token_ids(*tokenizer, sample.prompt);
+          // The prompt is the context, a newline and the question (ruler_tasks.h).
+          const std::string context =
+              sample.prompt.substr(0, sample.prompt.size() - sample.question.size());
+          prepared.context_ids = prompt_token_ids(*tokenizer, context);
+          prepared.question_ids = tokenizer->encode(sample.question, EncodeOptions{});
+          for (const eval::RulerSample::Turn& turn : sample.follow_ups) {
+            prepared.follow_up_ids.push_back(
+                tokenizer->encode("\n" + turn.question, EncodeOptions{}));
+          }
           tokens_per_run += static_cast<int64_t>(prepared.ids.size());
           prepared.sample = std::move(sample);
           samples.push_back(std::move(prepared));
@@ -408,9 +497,22 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
                  seconds_since(start), isatty(STDERR_FILENO) ? "\033[K" : "");
   }
 
-  // Answers are at most a few dozen tokens.
+  // Answers are at most a few dozen tokens; multi-turn adds its follow-ups past the prompt.
+  int64_t extra = 0;
+  if (multi_turn) {
+    for (const PreparedSample& prepared : samples)
+      extra = std::max(extra, multi_turn_extra_tokens(prepared));
+  }
+  const int64_t context = static_cast<int64_t>(longest) + extra;
+  if (context > weights.config.max_position_embeddings) {
+    throw Error("--protocols multi-turn: the follow-up questions need " + std::to_string(extra) +
+                " tokens past the longest length, beyond the model's " +
+                std::to_string(weights.config.max_position_embeddings) +
+                "-token context; give shorter --lengths");
+  }
   const std::unique_ptr<LanguageModel> model =
-      open_language_model(args.run, weights, longest, runs.front().config, /*decode_room=*/64);
+      open_language_model(args.run, weights, static_cast<int>(context), runs.front().config,
+                          /*decode_room=*/static_cast<int>(64 + extra));
   const std::string device_name = model->device_name();
 
   eval::EvalReport report;
@@ -424,6 +526,7 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
   report.lengths = lengths;
   report.budgets = budgets;
   report.methods = args.methods;
+  report.protocols = args.protocols;
   report.notes = budget_notes(!threshold_given, base.prefill_params.sparse_threshold);
   for (const std::string& note : where_methods_stay_dense(runs, tasks, lengths)) {
     report.notes += "\n\nNote: " + note;
@@ -438,63 +541,75 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
                  describe_config(run.config).c_str());
   }
 
-  EvalProgress progress(static_cast<int64_t>(runs.size() * samples.size()),
-                        static_cast<int64_t>(runs.size()) * tokens_per_run);
-  for (const PlannedRun& planned : runs) {
-    const std::string run_label =
-        planned.method + (planned.budget > 0 ? " @" + std::to_string(planned.budget) : "");
-    model->set_attention(planned.config);
-    eval::EvalRun run;
-    run.method = planned.method;
-    run.budget = planned.budget;
-    run.attention = attention_config_to_json(planned.config);
-    const auto run_start = Clock::now();
-    for (size_t i = 0; i < samples.size(); ++i) {
-      const PreparedSample& prepared = samples[i];
-      const eval::RulerSample& sample = prepared.sample;
-      const auto start = Clock::now();
-      std::vector<int32_t> generated;
-      model->reset();
-      int32_t token = model->forward_greedy(prepared.ids);
-      const WorkFractions after_prefill = work_fractions(model->attention_work());
-      for (int step = 0; step < sample.max_new_tokens; ++step) {
-        if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) break;
-        generated.push_back(token);
-        if (step + 1 == sample.max_new_tokens) break;
-        token = model->forward_greedy(std::span<const int32_t>(&token, 1));
-      }
-      eval::EvalSampleResult result;
-      result.task = eval::ruler_task_name(sample.task);
-      result.length = sample.length;
-      result.index = sample.index;
-      result.prompt_tokens = static_cast<int>(prepared.ids.size());
-      result.answers = sample.answers;
-      // Ids past the tokenizer's vocabulary (a classifier padded beyond it) have no text.
-      std::erase_if(generated, [&](int32_t id) { return id < 0 || id >= tokenizer->vocab_size(); });
-      result.prediction = tokenizer->decode(generated);
-      result.score = eval::ruler_score(sample.task, result.prediction, sample.answers);
-      result.seconds = seconds_since(start);
-      result.prefill_keys_fraction = after_prefill.prefill_keys;
-      result.cache_kept_fraction = work_fractions(model->attention_work()).cache_kept;
-      const std::string cell = result.task + " " + std::to_string(sample.length);
-      run.samples.push_back(std::move(result));
-
-      progress.sample_done(static_cast<int64_t>(prepared.ids.size()), run_label + " | " + cell);
-      const bool cell_ends = i + 1 == samples.size() || samples[i + 1].sample.task != sample.task ||
-                             samples[i + 1].sample.length != sample.length;
-      if (cell_ends) {
-        char accuracy[64];
-        std::snprintf(accuracy, sizeof(accuracy), ": %.1f%%",
-                      eval::cell_accuracy(run, run.samples.back().task, sample.length));
-        progress.cell_done(run_label + " | " + cell + accuracy);
-      }
+  // Multi-turn runs only the samples that have follow-up questions.
+  const auto runs_sample = [](const std::string& protocol, const PreparedSample& prepared) {
+    return protocol != "multi-turn" || !prepared.sample.follow_ups.empty();
+  };
+  int64_t total_samples = 0, total_tokens = 0;
+  for (const std::string& protocol : args.protocols) {
+    for (const PreparedSample& prepared : samples) {
+      if (!runs_sample(protocol, prepared)) continue;
+      total_samples += static_cast<int64_t>(runs.size());
+      total_tokens += static_cast<int64_t>(runs.size() * prepared.ids.size());
     }
-    run.seconds = seconds_since(run_start);
-    char line[256];
-    std::snprintf(line, sizeof(line), "%s: mean accuracy %.1f%% in %s", run_label.c_str(),
-                  eval::run_accuracy(report, run), format_duration(run.seconds).c_str());
-    report.runs.push_back(std::move(run));
-    progress.message(line);
+  }
+  (void)tokens_per_run;
+  EvalProgress progress(total_samples, total_tokens);
+  for (const std::string& protocol : args.protocols) {
+    for (const PlannedRun& planned : runs) {
+      const std::string run_label =
+          planned.method + (planned.budget > 0 ? " @" + std::to_string(planned.budget) : "") +
+          (args.protocols.size() > 1 ? " [" + protocol + "]" : "");
+      model->set_attention(planned.config);
+      eval::EvalRun run;
+      run.method = planned.method;
+      run.budget = planned.budget;
+      run.protocol = protocol;
+      run.attention = attention_config_to_json(planned.config);
+      const auto run_start = Clock::now();
+      for (size_t i = 0; i < samples.size(); ++i) {
+        const PreparedSample& prepared = samples[i];
+        const eval::RulerSample& sample = prepared.sample;
+        if (!runs_sample(protocol, prepared)) continue;
+        const auto start = Clock::now();
+        const SampleOutcome outcome = run_sample(*model, prepared, protocol, stop_ids, *tokenizer);
+        eval::EvalSampleResult result;
+        result.task = eval::ruler_task_name(sample.task);
+        result.length = sample.length;
+        result.index = sample.index;
+        result.prompt_tokens = static_cast<int>(prepared.ids.size());
+        result.answers = sample.answers;
+        if (protocol == "multi-turn") {
+          result.answers.clear();
+          for (const eval::RulerSample::Turn& turn : sample.follow_ups)
+            result.answers.insert(result.answers.end(), turn.answers.begin(), turn.answers.end());
+        }
+        result.prediction = outcome.prediction;
+        result.score = outcome.score;
+        result.seconds = seconds_since(start);
+        result.prefill_keys_fraction = outcome.after_prefill.prefill_keys;
+        result.cache_kept_fraction = work_fractions(model->attention_work()).cache_kept;
+        const std::string cell = result.task + " " + std::to_string(sample.length);
+        run.samples.push_back(std::move(result));
+
+        progress.sample_done(static_cast<int64_t>(prepared.ids.size()), run_label + " | " + cell);
+        const bool cell_ends = i + 1 == samples.size() ||
+                               samples[i + 1].sample.task != sample.task ||
+                               samples[i + 1].sample.length != sample.length;
+        if (cell_ends) {
+          char accuracy[64];
+          std::snprintf(accuracy, sizeof(accuracy), ": %.1f%%",
+                        eval::cell_accuracy(run, run.samples.back().task, sample.length));
+          progress.cell_done(run_label + " | " + cell + accuracy);
+        }
+      }
+      run.seconds = seconds_since(run_start);
+      char line[256];
+      std::snprintf(line, sizeof(line), "%s: mean accuracy %.1f%% in %s", run_label.c_str(),
+                    eval::run_accuracy(report, run), format_duration(run.seconds).c_str());
+      report.runs.push_back(std::move(run));
+      progress.message(line);
+    }
   }
   progress.finish();
 
@@ -547,6 +662,14 @@ void register_eval(CLI::App& app) {
       ->check(seed_value())
       ->capture_default_str();
   add_methods_option(command, &args->methods);
+  command
+      ->add_option("--protocols", args->protocols,
+                   "How prompts meet the cache: query-aware (context and question prefilled "
+                   "together), context-first (the context prefilled, and compressed where the "
+                   "method compresses after a prompt, before the question), multi-turn (each "
+                   "follow-up question of niah_multikey/multiquery answered in turn)")
+      ->delimiter(',')
+      ->capture_default_str();
   command
       ->add_option("--budgets", args->budgets,
                    "Budget levels, tokens per KV head, applied to every method at once: prefill "
