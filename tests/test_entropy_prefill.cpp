@@ -380,6 +380,26 @@ TEST(EntropyPrefill, BudgetRecursionHandWorkedExample) {
   for (double b : segment_budgets(steep.data(), 7, true, pp)) EXPECT_EQ(b, 2048.0);
 }
 
+// The per-segment variant: a segment below e_t takes the base budget by itself (the head is not
+// rigid: another segment is above e_t), the next one restarts the recursion from the base; off,
+// the same entropies follow the recursion throughout.
+TEST(EntropyPrefill, PerSegmentRigidGivesLowEntropySegmentsTheBase) {
+  PrefillParams pp;  // base 2048, delta 0.4, alpha 0.5, cap 3, e_t 1e-5
+  const std::vector<double> H = {0.0, 1.0, 2.0, 1e-6, 2.0, 3.0};
+  ASSERT_FALSE(is_rigid_head(H.data(), 6, pp.entropy_threshold));
+  // Off (alpha * base = 1024 per unit of r above delta): r2 = 1 -> 2662.4; r3 = -1 -> clamp 0 ->
+  // 2252.8; r4 = (2 - 1e-6) / (1e-6 + 1e-9), clamped to 1.4 -> 3276.8; r5 = 0.5 -> 3379.2.
+  const auto off = segment_budgets(H.data(), 6, false, pp);
+  const std::vector<double> recursion = {2048, 2048, 2662.4, 2252.8, 3276.8, 3379.2};
+  for (int s = 0; s < 6; ++s) EXPECT_NEAR(off[s], recursion[s], 1e-5) << s;
+  pp.per_segment_rigid = true;
+  // On: segment 3 is below e_t -> 2048; segment 4 moves from the base: 2048 + 1024 = 3072; r5 =
+  // 0.5 -> 3174.4.
+  const auto on = segment_budgets(H.data(), 6, false, pp);
+  const std::vector<double> per_segment = {2048, 2048, 2662.4, 2048, 3072, 3174.4};
+  for (int s = 0; s < 6; ++s) EXPECT_NEAR(on[s], per_segment[s], 1e-5) << s;
+}
+
 TEST(EntropyPrefill, BudgetRecursionMatchesNaiveOnRandomEntropies) {
   std::mt19937 generator(8);
   std::uniform_real_distribution<double> uniform(0.0, 4.0);

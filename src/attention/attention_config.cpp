@@ -120,6 +120,8 @@ const std::map<std::string, Setter>& prefill_fields() {
       {"dense_layers", field(&AttentionConfig::prefill_params, &PrefillParams::dense_layers)},
       {"share_segment_budget",
        field(&AttentionConfig::prefill_params, &PrefillParams::share_segment_budget)},
+      {"per_segment_rigid",
+       field(&AttentionConfig::prefill_params, &PrefillParams::per_segment_rigid)},
       {"critiprefill_budget",
        field(&AttentionConfig::prefill_params, &PrefillParams::critiprefill_budget)},
   };
@@ -274,6 +276,7 @@ nlohmann::json attention_config_to_json(const AttentionConfig& config) {
       {"budget_cap_factor", p.budget_cap_factor},
       {"dense_layers", p.dense_layers},
       {"share_segment_budget", p.share_segment_budget},
+      {"per_segment_rigid", p.per_segment_rigid},
       {"critiprefill_budget", p.critiprefill_budget},
   };
   json["decode_params"] = {

@@ -26,6 +26,10 @@ struct PrefillParams {
   // The released code gives every head of a segment the largest budget among them; the project
   // honours each (KV head, segment) budget. true reproduces the released behaviour.
   bool share_segment_budget = false;
+  // The paper's rule makes a head rigid (every segment at the base budget) only when every one of
+  // its segments is below e_t. With per_segment_rigid, each segment below e_t takes the base budget
+  // on its own and the others follow the entropy recursion: a variant to measure, not the default.
+  bool per_segment_rigid = false;
   int critiprefill_budget = 2048;  // CritiPrefill's one fixed budget, tokens
 };
 

@@ -49,6 +49,18 @@ ENTROPYINFER_HOST_DEVICE inline double next_budget(double previous_budget, doubl
   return clamp(add(previous_budget, multiply(multiply(alpha, base), ratio - delta)), base, cap);
 }
 
+// The budget of segment s >= 1: the base for a rigid head, and with the per-segment variant
+// (PrefillParams::per_segment_rigid) for a segment whose own entropy is below the threshold;
+// otherwise next_budget.
+ENTROPYINFER_HOST_DEVICE inline double segment_budget(bool rigid_head, bool per_segment_rigid,
+                                                      double threshold, double previous_budget,
+                                                      double entropy, double previous_entropy,
+                                                      int64_t segment, double base, double cap,
+                                                      double delta, double alpha) {
+  if (rigid_head || (per_segment_rigid && entropy < threshold)) return base;
+  return next_budget(previous_budget, entropy, previous_entropy, segment, base, cap, delta, alpha);
+}
+
 // Key blocks a budget of `budget_tokens` buys among `visible` blocks of `block_size` tokens.
 ENTROPYINFER_HOST_DEVICE inline int64_t budget_blocks(double budget_tokens, int block_size,
                                                       int64_t visible) {

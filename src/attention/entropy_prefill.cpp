@@ -168,8 +168,9 @@ std::vector<double> segment_budgets(const double* entropy, int64_t num_segments,
   std::vector<double> budgets(static_cast<size_t>(num_segments), base);
   if (rigid) return budgets;
   for (int64_t s = 1; s < num_segments; ++s) {
-    budgets[s] = entropy_budget::next_budget(budgets[s - 1], entropy[s], entropy[s - 1], s, base,
-                                             cap, params.delta, params.alpha);
+    budgets[s] = entropy_budget::segment_budget(
+        false, params.per_segment_rigid, params.entropy_threshold, budgets[s - 1], entropy[s],
+        entropy[s - 1], s, base, cap, params.delta, params.alpha);
   }
   return budgets;
 }

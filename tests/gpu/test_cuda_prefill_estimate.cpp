@@ -442,6 +442,23 @@ TEST(CudaPrefillEstimate, EntropyRuleMatchesCpuGroupOneHeadDim64) {
   }
 }
 
+// The per-segment rigid variant, with a threshold inside the range random inputs give (early
+// segments see few blocks and have low entropy), so that some segments of a non-rigid head fall
+// below it.
+TEST(CudaPrefillEstimate, PerSegmentRigidVariantMatchesCpu) {
+  ENTROPYINFER_REQUIRE_GPU();
+  for (double threshold : {3.0, 4.5}) {
+    Case c;
+    c.label = "entropy per-segment rigid g4 d128 S64 b4 n2001 e_t " + std::to_string(threshold);
+    c.shape = {16, 4, 128, 2001};
+    c.params = small_params(64, 4, 256, 32);
+    c.params.per_segment_rigid = true;
+    c.params.entropy_threshold = threshold;
+    c.seed = 23;
+    run_case(c);
+  }
+}
+
 TEST(CudaPrefillEstimate, CritiPrefillRuleMatchesCpu) {
   ENTROPYINFER_REQUIRE_GPU();
   for (auto [q_heads, kv_heads, head_dim] : {std::tuple{16, 4, 128}, {4, 4, 64}}) {

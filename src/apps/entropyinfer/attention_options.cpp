@@ -49,6 +49,7 @@ constexpr FlagSpec kValueFlags[] = {
 
 constexpr std::pair<const char*, const char*> kBooleanFlags[] = {
     {"--share-segment-budget", "share_segment_budget"},
+    {"--per-segment-rigid", "per_segment_rigid"},
     {"--per-query-head", "per_query_head"},
 };
 

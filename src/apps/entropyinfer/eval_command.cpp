@@ -129,7 +129,8 @@ std::string describe_config(const AttentionConfig& config) {
     if (config.prefill == PrefillMethod::kEntropy) {
       text << ", base budget " << p.base_budget << " cap " << p.budget_cap_factor << "x, e_t "
            << p.entropy_threshold << ", delta " << p.delta << ", alpha " << p.alpha
-           << (p.share_segment_budget ? ", shared segment budget" : "");
+           << (p.share_segment_budget ? ", shared segment budget" : "")
+           << (p.per_segment_rigid ? ", per-segment rigid" : "");
     } else {
       text << ", budget " << p.critiprefill_budget;
     }

@@ -473,6 +473,7 @@ struct BudgetSettings {
   int64_t num_tokens;
   bool entropy_rule;
   bool share;
+  bool per_segment_rigid;
   double base;
   double cap;
   double delta;
@@ -516,10 +517,9 @@ __global__ __launch_bounds__(kBudgetThreads) void budget_kernel(
         for (int i = 0; i < steps; ++i) {
           const int s = first + i;
           const double current = __shfl_sync(0xffffffffu, lane_entropy, i);
-          const double budget = rigid ? settings.base
-                                      : entropy_budget::next_budget(
-                                            previous, current, previous_entropy, s, settings.base,
-                                            settings.cap, settings.delta, settings.alpha);
+          const double budget = entropy_budget::segment_budget(
+              rigid, settings.per_segment_rigid, settings.entropy_threshold, previous, current,
+              previous_entropy, s, settings.base, settings.cap, settings.delta, settings.alpha);
           if (lane == i) head_budgets[s] = budget;
           previous = budget;
           previous_entropy = current;
@@ -929,6 +929,7 @@ DevicePrefillPlan PrefillEstimator::estimate(const bf16* queries, int64_t q_toke
   settings.num_tokens = num_tokens;
   settings.entropy_rule = entropy_rule;
   settings.share = params_.share_segment_budget;
+  settings.per_segment_rigid = params_.per_segment_rigid;
   settings.base = params_.base_budget;
   settings.cap = static_cast<double>(params_.budget_cap_factor) * settings.base;
   settings.delta = params_.delta;
