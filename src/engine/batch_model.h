@@ -100,6 +100,12 @@ class BatchModel {
   virtual std::string device_name() const = 0;
 };
 
+// What BatchModel::open checks of a request on every executor: a non-empty prompt of ids inside
+// the vocabulary that fits in `context` with max_new_tokens more. Throws Error naming the problem;
+// returns the rows the sequence may hold (prompt plus answer).
+int check_batch_request(const ModelConfig& config, int context, std::span<const int32_t> prompt,
+                        int max_new_tokens);
+
 // The batch executor on `options.device` (engine/make_language_model.cpp). Error for a device this
 // build or machine lacks.
 std::unique_ptr<BatchModel> make_batch_model(const ModelWeights& weights,

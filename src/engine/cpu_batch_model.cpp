@@ -22,21 +22,8 @@ class CpuBatchModel : public BatchModel {
 
   SequenceId open(const AttentionConfig& attention, std::vector<int32_t> prompt,
                   int max_new_tokens) override {
-    const ModelConfig& c = weights_.config;
-    if (prompt.empty()) throw Error("the prompt is empty: at least one token is needed");
-    if (max_new_tokens < 0) throw Error("max_new_tokens must be >= 0");
-    const int64_t rows = static_cast<int64_t>(prompt.size()) + max_new_tokens;
-    if (rows > executor_.context_length()) {
-      throw Error("the prompt's " + std::to_string(prompt.size()) + " tokens and " +
-                  std::to_string(max_new_tokens) + " new ones exceed the " +
-                  std::to_string(executor_.context_length()) + "-token context");
-    }
-    for (int32_t token : prompt) {
-      if (token < 0 || token >= c.vocab_size) {
-        throw Error("token id " + std::to_string(token) + " is outside the vocabulary of " +
-                    std::to_string(c.vocab_size));
-      }
-    }
+    const int rows =
+        check_batch_request(weights_.config, executor_.context_length(), prompt, max_new_tokens);
     auto entry = std::make_unique<Entry>();
     entry->prompt = std::move(prompt);
     entry->row_limit = static_cast<int>(rows);
@@ -165,6 +152,25 @@ class CpuBatchModel : public BatchModel {
 };
 
 }  // namespace
+
+int check_batch_request(const ModelConfig& config, int context, std::span<const int32_t> prompt,
+                        int max_new_tokens) {
+  if (prompt.empty()) throw Error("the prompt is empty: at least one token is needed");
+  if (max_new_tokens < 0) throw Error("max_new_tokens must be >= 0");
+  const int64_t rows = static_cast<int64_t>(prompt.size()) + max_new_tokens;
+  if (rows > context) {
+    throw Error("the prompt's " + std::to_string(prompt.size()) + " tokens and " +
+                std::to_string(max_new_tokens) + " new ones exceed the " + std::to_string(context) +
+                "-token context");
+  }
+  for (int32_t token : prompt) {
+    if (token < 0 || token >= config.vocab_size) {
+      throw Error("token id " + std::to_string(token) + " is outside the vocabulary of " +
+                  std::to_string(config.vocab_size));
+    }
+  }
+  return static_cast<int>(rows);
+}
 
 std::unique_ptr<BatchModel> make_cpu_batch_model(const ModelWeights& weights,
                                                  const BatchModelOptions& options) {

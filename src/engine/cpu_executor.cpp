@@ -89,18 +89,12 @@ void KvPagePool::acquire(int64_t pages) {
 
 void KvPagePool::release(int64_t pages) { pages_used_ -= pages; }
 
-namespace {
-
-// The cache length at which `attention`'s decode policy compresses a sequence of this prompt, or
-// -1 when it never does within row_limit rows.
 int64_t compression_length(const AttentionConfig& attention, int prompt_tokens, int row_limit) {
   const std::unique_ptr<DecodePolicy> policy = make_decode_policy(attention);
   if (!policy) return -1;
   const int64_t at = static_cast<int64_t>(prompt_tokens) + policy->compress_after_generated();
   return at <= row_limit ? at : -1;
 }
-
-}  // namespace
 
 int kv_rows_before_compression(const ModelConfig& config, const AttentionConfig& attention,
                                int layer, int prompt_tokens, int row_limit) {

@@ -40,6 +40,10 @@ class KvPagePool {
   int64_t page_bytes_ = 0;
 };
 
+// The cache length at which `attention`'s decode policy compresses a sequence of this prompt, or
+// -1 when it never does within row_limit rows.
+int64_t compression_length(const AttentionConfig& attention, int prompt_tokens, int row_limit);
+
 // Rows per head a layer's cache holds from the prefill until its compression: the cache length at
 // which the decode policy compresses it, or row_limit when it never does (the method keeps
 // everything, the prompt is within the layer's budget, or the answer ends first).

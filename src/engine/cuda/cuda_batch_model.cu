@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "attention/decode_policy.h"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/ragged_decode.h"
 #include "core/error.h"
@@ -109,24 +108,11 @@ class CudaBatchModel : public BatchModel {
           "per_query_head caches are not served on cuda: the batched step reads one cache per "
           "KV head");
     }
-    if (prompt.empty()) throw Error("the prompt is empty: at least one token is needed");
-    if (max_new_tokens < 0) throw Error("max_new_tokens must be >= 0");
-    const int64_t rows = static_cast<int64_t>(prompt.size()) + max_new_tokens;
-    if (rows > model_.context_length()) {
-      throw Error("the prompt's " + std::to_string(prompt.size()) + " tokens and " +
-                  std::to_string(max_new_tokens) + " new ones exceed the " +
-                  std::to_string(model_.context_length()) + "-token context");
-    }
-    for (int32_t token : prompt) {
-      if (token < 0 || token >= config_.vocab_size) {
-        throw Error("token id " + std::to_string(token) + " is outside the vocabulary of " +
-                    std::to_string(config_.vocab_size));
-      }
-    }
+    const int rows = check_batch_request(config_, model_.context_length(), prompt, max_new_tokens);
     Entry entry;
     entry.attention = attention;
     entry.prompt = std::move(prompt);
-    entry.row_limit = static_cast<int>(rows);
+    entry.row_limit = rows;
     const SequenceId id = next_id_++;
     sequences_.emplace(id, std::move(entry));
     return id;
@@ -212,7 +198,8 @@ class CudaBatchModel : public BatchModel {
         entry.position = model_.position();
         entry.work = model_.attention_work();
         // Stored now unless its compression is still to come (latent, after G tokens).
-        const int64_t at = compression_at(entry);
+        const int64_t at = compression_length(
+            entry.attention, static_cast<int>(entry.prompt.size()), entry.row_limit);
         if (entry.work.compressed || at < 0) store_resident();
       }
     }
@@ -289,14 +276,6 @@ class CudaBatchModel : public BatchModel {
  private:
   static bool same_attention(const AttentionConfig& a, const AttentionConfig& b) {
     return attention_config_to_json(a) == attention_config_to_json(b);
-  }
-
-  static int64_t compression_at(const Entry& entry) {
-    const std::unique_ptr<DecodePolicy> policy = make_decode_policy(entry.attention);
-    if (!policy) return -1;
-    const int64_t at =
-        static_cast<int64_t>(entry.prompt.size()) + policy->compress_after_generated();
-    return at <= entry.row_limit ? at : -1;
   }
 
   Entry& find(SequenceId id) {
