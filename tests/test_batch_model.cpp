@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/batch_model.h"
 #include "engine/cpu_executor.h"
+#include "engine/prefill_work.h"
 #include "engine/sampler.h"
 #include "engine/transformer.h"
 #include "expect_error.h"
@@ -160,7 +162,7 @@ TEST_F(BatchModelTest, PagesHeldStayWithinTheReservationAndCompressionReturnsThe
     EXPECT_EQ(batch->pool_usage().pages_used, 0) << "an open sequence holds nothing yet";
     BatchModel::StepInput prefill;
     prefill.prefill = id;
-    prefill.prefill_layers = batch->num_layers();
+    prefill.prefill_budget = std::numeric_limits<double>::infinity();
     BatchModel::StepOutput output = batch->step(prefill);
     ASSERT_TRUE(output.prefill_done);
     int64_t most = batch->pages_held(id);
@@ -226,7 +228,7 @@ TEST_F(BatchModelTest, RefusesWhatDoesNotFitAndMisuse) {
   early.decode_tokens = {4};
   EXPECT_ERROR("is prefilling", batch->step(early));
   prefill.prefill = id;
-  prefill.prefill_layers = batch->num_layers();
+  prefill.prefill_budget = std::numeric_limits<double>::infinity();
   ASSERT_TRUE(batch->step(prefill).prefill_done);
   BatchModel::StepInput twice;
   twice.decode = {id, id};
@@ -242,6 +244,49 @@ TEST_F(BatchModelTest, RefusesWhatDoesNotFitAndMisuse) {
   EXPECT_ERROR("no sequence 999", batch->step(once));
   batch->close(id);
   EXPECT_EQ(batch->pool_usage().pages_used, 0);
+}
+
+}  // namespace
+}  // namespace entropyinfer
+
+namespace entropyinfer {
+namespace {
+
+// A step runs whole layers on the CPU while its budget lasts, and at least one: the steps a prompt
+// takes follow from PrefillWork's layer cost, and the logits do not depend on the budget.
+TEST_F(BatchModelTest, PrefillRunsLayersWhileTheStepBudgetLasts) {
+  BatchModelOptions options;
+  options.pool_bytes = int64_t{64} << 20;
+  std::unique_ptr<BatchModel> batch = make_batch_model(*weights_, options);
+  const int layers = batch->num_layers();
+  ASSERT_GE(layers, 3);
+  const std::vector<int32_t> prompt = random_prompt(300, weights_->config.vocab_size, 9);
+  const double layer_cost = PrefillWork(weights_->config).layer(300);
+  std::vector<float> reference;
+  for (const auto& [budget, expected_steps] :
+       std::vector<std::pair<double, int>>{{std::numeric_limits<double>::infinity(), 1},
+                                           {0.0, layers},
+                                           {1.5 * layer_cost, (layers + 1) / 2},
+                                           {2.0 * layer_cost, (layers + 1) / 2}}) {
+    SCOPED_TRACE(budget);
+    const BatchModel::SequenceId id = batch->open(AttentionConfig{}, prompt, 1);
+    BatchModel::StepInput input;
+    input.prefill = id;
+    input.prefill_budget = budget;
+    BatchModel::StepOutput output;
+    int steps = 0;
+    do {
+      output = batch->step(input);
+      ++steps;
+    } while (!output.prefill_done && steps <= layers);
+    EXPECT_EQ(steps, expected_steps);
+    if (reference.empty()) {
+      reference = output.prefill_logits;
+    } else {
+      EXPECT_EQ(max_abs_difference(reference, output.prefill_logits.data()), 0.0);
+    }
+    batch->close(id);
+  }
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -246,10 +247,11 @@ int run_serve_bench(int argc, char** argv) {
   int clients = 16, prompt = 130816, output = 256;
   int stream_clients = 64, stream_prompt = 4096, stream_output = 512, alone = 8;
   int capacity_clients = 110, capacity_output = 4096, capacity_full_clients = 9,
-      capacity_full_output = 512, interference_output = 2048;
+      capacity_full_output = 512, interference_output = 4096;
   int floor_sequences = 32, floor_prompt = 32768, floor_steps = 32;
   int context = 0;
   int64_t prefill_budget = serve::SchedulerOptions{}.prefill_token_layers_per_step;
+  int64_t prefill_budget_decoding = serve::SchedulerOptions{}.prefill_token_layers_while_decoding;
   for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {
     if (flag == "--shape")
       shape_name = value;
@@ -293,8 +295,10 @@ int run_serve_bench(int argc, char** argv) {
       floor_steps = std::stoi(value);
     else if (flag == "--context")
       context = std::stoi(value);
-    else if (flag == "--prefill-token-layers")
+    else if (flag == "--prefill-budget")
       prefill_budget = std::stoll(value);
+    else if (flag == "--prefill-budget-decoding")
+      prefill_budget_decoding = std::stoll(value);
     else
       return false;
     return true;
@@ -347,7 +351,7 @@ int run_serve_bench(int argc, char** argv) {
           model->open(attention, random_prompt(floor_prompt, 120000, 100 + i), floor_steps + 2));
       BatchModel::StepInput input;
       input.prefill = ids.back();
-      input.prefill_layers = model->num_layers();
+      input.prefill_budget = std::numeric_limits<double>::infinity();
       const BatchModel::StepOutput out = model->step(input);
       tokens.push_back(argmax(out.prefill_logits));
     }
@@ -393,6 +397,7 @@ int run_serve_bench(int argc, char** argv) {
 
   serve::SchedulerOptions scheduler_options;
   scheduler_options.prefill_token_layers_per_step = prefill_budget;
+  scheduler_options.prefill_token_layers_while_decoding = prefill_budget_decoding;
   serve::Scheduler scheduler(std::move(owned), *tokenizer, scheduler_options);
 
   if (wants("long")) {

@@ -1,9 +1,10 @@
 // Many sequences in one model, for serving: each sequence has its own attention policies, schedule
 // and cache, and one step runs the next token of every decoding sequence through the weights
 // together (one pass over each weight matrix for the whole batch), while at most one prompt
-// advances its prefill by a number of layers. A long prefill thus runs in slices between decode
-// steps instead of freezing the other streams, and it is the same layer-major prefill the
-// single-sequence executor runs, so the prefill policies plan exactly as they do there.
+// advances its prefill by a budget of work (engine/prefill_work.h). A long prefill thus runs in
+// slices between decode steps instead of freezing the other streams, and it is the same
+// layer-major prefill the single-sequence executor runs, so the prefill policies plan exactly as
+// they do there.
 //
 // Cache memory is counted in pages of kv_page_rows rows of one (layer, cache head), drawn from one
 // pool of a fixed number of pages shared by all sequences: a head's cache holds whole pages, and a
@@ -61,7 +62,9 @@ class BatchModel {
     std::vector<SequenceId> decode;      // sequences past their prefill, one new token each
     std::vector<int32_t> decode_tokens;  // the token each feeds
     SequenceId prefill = -1;             // a sequence whose prefill advances, or -1
-    int prefill_layers = 1;              // layers of that prefill this step runs (at least 1)
+    // Work of that prefill this step runs, in token-layers (PrefillWork): slices run while the
+    // budget lasts, and at least one runs.
+    double prefill_budget = 0;
   };
   struct StepOutput {
     // [decode.size()][vocab], in the model's memory: valid until its next step or close.

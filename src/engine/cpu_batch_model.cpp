@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "engine/batch_model.h"
 #include "engine/cpu_executor.h"
+#include "engine/prefill_work.h"
 #include "engine/sequence_schedule.h"
 
 namespace entropyinfer {
@@ -18,7 +19,8 @@ class CpuBatchModel : public BatchModel {
       : weights_(weights),
         executor_(weights, resolve_context_length(weights.config, options.context_length)),
         pool_(pool_pages(weights.config, executor_.context_length(), options.pool_bytes),
-              kKvPageRows, page_bytes(weights.config)) {}
+              kKvPageRows, page_bytes(weights.config)),
+        work_(weights.config) {}
 
   SequenceId open(const AttentionConfig& attention, std::vector<int32_t> prompt,
                   int max_new_tokens) override {
@@ -58,10 +60,13 @@ class CpuBatchModel : public BatchModel {
       if (!CpuExecutor::schedule(*entry.sequence).is_prefill())
         throw Error("sequence " + std::to_string(input.prefill) + " has finished its prefill");
       if (!entry.job) entry.job = executor_.begin_span(*entry.sequence, entry.prompt, false);
-      for (int i = 0;
-           i < std::max(input.prefill_layers, 1) && !executor_.span_layers_done(*entry.job); ++i) {
+      // The CPU's slice is a whole layer.
+      const double layer_cost = work_.layer(static_cast<int64_t>(entry.prompt.size()));
+      double spent = 0;
+      do {
         executor_.run_span_layer(*entry.job);
-      }
+        spent += layer_cost;
+      } while (spent < input.prefill_budget && !executor_.span_layers_done(*entry.job));
       if (executor_.span_layers_done(*entry.job)) {
         output.prefill_logits = executor_.finish_span(*entry.job);
         output.prefill_done = true;
@@ -146,6 +151,7 @@ class CpuBatchModel : public BatchModel {
   CpuExecutor executor_;
   std::vector<float> decode_logits_;  // the last step's
   KvPagePool pool_;
+  PrefillWork work_;
   // Entries hold caches charged to pool_, so they are destroyed first.
   std::map<SequenceId, std::unique_ptr<Entry>> sequences_;
   SequenceId next_id_ = 0;

@@ -334,11 +334,11 @@ void Scheduler::serve_loop() {
       } else if (prefill == nullptr) {
         prefill = a.get();
         input.prefill = a->sequence;
-        const int64_t prompt = std::max<int64_t>(1, static_cast<int64_t>(a->request.prompt.size()));
-        input.prefill_layers = static_cast<int>(std::clamp<int64_t>(
-            options_.prefill_token_layers_per_step / prompt, 1, model_->num_layers()));
       }
     }
+    input.prefill_budget =
+        static_cast<double>(decoding.empty() ? options_.prefill_token_layers_per_step
+                                             : options_.prefill_token_layers_while_decoding);
     if (prefill != nullptr || !decoding.empty()) {
       try {
         BatchModel::StepOutput output = model_->step(input);

@@ -96,10 +96,12 @@ class AdmissionError : public Error {
 struct SchedulerOptions {
   int max_running = 256;  // sequences decoding at once
   int max_queued = 1024;  // waiting requests; beyond it submit() throws QueueFullError
-  // Prefill work per step, in prompt tokens times layers: a prompt runs as many layers per step as
-  // fit (at least one), so short prompts finish in a step or two while a long one runs a layer
-  // at a time between the other sequences' decode steps.
+  // Prefill work per step, in token-layers (engine/prefill_work.h: one prompt token through one
+  // layer's products; attention counted in the same unit). While other sequences decode, a step's
+  // prefill is kept to about a decode step's time, so that their inter-token latency at most
+  // about doubles while a long prompt runs; with nothing decoding, prompts take larger steps.
   int64_t prefill_token_layers_per_step = 65536;
+  int64_t prefill_token_layers_while_decoding = 8192;
 };
 
 class QueueFullError : public Error {

@@ -11,8 +11,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <future>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -184,7 +186,7 @@ TEST_F(CudaBatchModelTest, RefusesWhatDoesNotFit) {
   EXPECT_GT(batch->pages_needed(full, 4000, 4).steady, batch->pool_usage().pages_total);
   BatchModel::StepInput prefill;
   prefill.prefill = big;
-  prefill.prefill_layers = batch->num_layers();
+  prefill.prefill_budget = std::numeric_limits<double>::infinity();
   try {
     batch->step(prefill);
     ADD_FAILURE() << "a prompt larger than the pool was stored";
@@ -244,6 +246,51 @@ TEST_F(CudaBatchModelTest, SchedulerAnswersConcurrentRequestsAndReturnsEveryPage
   }
   scheduler.wait_idle();
   EXPECT_EQ(scheduler.snapshot().pool.pages_used, 0);
+}
+
+}  // namespace
+}  // namespace entropyinfer
+
+namespace entropyinfer {
+namespace {
+
+// A served prompt runs in slices below a layer (product chunks, attention query ranges), as many
+// per step as the budget allows: with no budget every slice is its own step, so a layer takes at
+// least three steps; and the logits are the same whatever the budget, since the slices are.
+TEST_F(CudaBatchModelTest, PrefillSlicesBelowALayerGiveTheSameLogitsForAnyBudget) {
+  ENTROPYINFER_REQUIRE_GPU();
+  std::unique_ptr<BatchModel> batch = make_batch_model(*weights_, options(256));
+  const int layers = batch->num_layers();
+  for (const char* methods : {"full", "entropy+snapkv"}) {
+    SCOPED_TRACE(methods);
+    const AttentionConfig attention = testing::small_budgets(methods);
+    const std::vector<int32_t> prompt = random_prompt(3000, weights_->config.vocab_size, 23);
+    std::vector<float> whole;
+    for (const double budget : {std::numeric_limits<double>::infinity(), 0.0}) {
+      const BatchModel::SequenceId id = batch->open(attention, prompt, 2);
+      BatchModel::StepInput input;
+      input.prefill = id;
+      input.prefill_budget = budget;
+      BatchModel::StepOutput output;
+      int steps = 0;
+      do {
+        output = batch->step(input);
+        ++steps;
+      } while (!output.prefill_done && steps < 100000);
+      if (std::isinf(budget)) {
+        EXPECT_EQ(steps, 1);
+        whole = output.prefill_logits;
+      } else {
+        EXPECT_GE(steps, 3 * layers) << "slices below a layer";
+        const double deviation = testing::relative_max_deviation(output.prefill_logits, whole);
+        std::cout << methods << ": " << steps << " steps, deviation from one step " << deviation
+                  << "\n";
+        EXPECT_EQ(deviation, 0.0);
+      }
+      batch->close(id);
+    }
+  }
+  EXPECT_EQ(batch->pool_usage().pages_used, 0);
 }
 
 }  // namespace

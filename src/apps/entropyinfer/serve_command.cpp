@@ -32,6 +32,8 @@ struct ServeArgs {
   int64_t kv_pool_mib = 0;
   int max_running = serve::SchedulerOptions{}.max_running;
   int max_queued = serve::SchedulerOptions{}.max_queued;
+  int64_t prefill_budget = serve::SchedulerOptions{}.prefill_token_layers_per_step;
+  int64_t prefill_budget_decoding = serve::SchedulerOptions{}.prefill_token_layers_while_decoding;
   int64_t max_body_bytes = serve::ServeConfig{}.max_body_bytes;
   int http_threads = serve::ServeConfig{}.http_threads;
   AttentionOptions attention;
@@ -66,8 +68,9 @@ std::optional<ChatStyle> chat_style_for(const ServeArgs& args, const Tokenizer& 
 }
 
 void run_serve(CLI::App* command, const ServeArgs& args) {
-  // The batch model prefills layer by layer in slices; it has no token chunks to size.
-  reject_flags(command, {"--chunk"}, "serve's batch executor prefills whole layers, not chunks");
+  // The batch model prefills in slices budgeted per step; it has no token chunks to size.
+  reject_flags(command, {"--chunk"},
+               "serve's batch executor prefills in budgeted slices (--prefill-budget), not chunks");
   args.device.check();
   args.device.apply_threads();
   const AttentionConfig attention = args.attention.resolve();
@@ -98,6 +101,8 @@ void run_serve(CLI::App* command, const ServeArgs& args) {
   serve::SchedulerOptions scheduler_options;
   scheduler_options.max_running = args.max_running;
   scheduler_options.max_queued = args.max_queued;
+  scheduler_options.prefill_token_layers_per_step = args.prefill_budget;
+  scheduler_options.prefill_token_layers_while_decoding = args.prefill_budget_decoding;
   serve::Scheduler scheduler(make_batch_model(weights, model_options), *tokenizer,
                              scheduler_options);
 
@@ -151,6 +156,18 @@ void register_serve(CLI::App& app) {
       ->check(integer_in(0, int64_t{1} << 30));
   command->add_option("--max-running", args->max_running, "Sequences decoding at once")
       ->check(integer_in(1, 1 << 20))
+      ->capture_default_str();
+  command
+      ->add_option("--prefill-budget", args->prefill_budget,
+                   "Prefill work per step while nothing decodes, in token-layers (one prompt "
+                   "token through one layer)")
+      ->check(integer_in(1, int64_t{1} << 40))
+      ->capture_default_str();
+  command
+      ->add_option("--prefill-budget-decoding", args->prefill_budget_decoding,
+                   "Prefill work per step while other sequences decode: smaller keeps their "
+                   "inter-token latency down, larger finishes long prompts sooner")
+      ->check(integer_in(1, int64_t{1} << 40))
       ->capture_default_str();
   command
       ->add_option("--max-queued", args->max_queued,

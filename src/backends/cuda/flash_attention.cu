@@ -393,21 +393,25 @@ void flash_prefill_block_sparse(const bf16* q, const bf16* key_cache, const bf16
                                 cudaStream_t stream, FlashKernel kernel,
                                 unsigned long long* keys_read) {
   const std::string prefix = "block-sparse attention: ";
-  if (shape.first_position != 0) {
-    throw Error(prefix + "runs a whole prompt: first_position must be 0, not " +
-                std::to_string(shape.first_position));
-  }
   if (shape.device_position != nullptr) {
-    throw Error(prefix + "runs a whole prompt: device_position must be null");
+    throw Error(prefix + "runs prompt queries: device_position must be null");
   }
   if (plan.dense) {
     flash_prefill(q, key_cache, value_cache, shape, out, stream, kernel);
     return;
   }
-  if (plan.num_tokens != shape.tokens || plan.num_kv_heads != shape.kv_heads) {
+  if (plan.num_kv_heads != shape.kv_heads ||
+      shape.first_position + shape.tokens > plan.num_tokens) {
     throw Error(prefix + "the plan describes " + std::to_string(plan.num_tokens) + " tokens and " +
-                std::to_string(plan.num_kv_heads) + " KV heads, the call " +
-                std::to_string(shape.tokens) + " and " + std::to_string(shape.kv_heads));
+                std::to_string(plan.num_kv_heads) + " KV heads, the call positions " +
+                std::to_string(shape.first_position) + " .. " +
+                std::to_string(shape.first_position + shape.tokens - 1) + " and " +
+                std::to_string(shape.kv_heads));
+  }
+  if (plan.segment_size > 0 && shape.first_position % plan.segment_size != 0) {
+    throw Error(prefix + "queries must start on a segment: first_position " +
+                std::to_string(shape.first_position) + " is not a multiple of " +
+                std::to_string(plan.segment_size));
   }
   if (plan.segment_size <= 0 || plan.block_size <= 0 ||
       plan.num_segments != (plan.num_tokens + plan.segment_size - 1) / plan.segment_size) {

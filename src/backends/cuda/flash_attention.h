@@ -61,8 +61,9 @@ void flash_prefill(const bf16* q, const bf16* key_cache, const bf16* value_cache
                    const FlashShape& shape, bf16* out, cudaStream_t stream,
                    FlashKernel kernel = FlashKernel::kAuto);
 
-// Causal attention of a whole prompt (positions 0 .. shape.tokens-1; shape.first_position must be
-// 0) under `plan`, exactly cpu::block_sparse_attention's semantics: a query of a sparse segment
+// Causal attention of the prompt queries at positions first_position .. first_position+tokens-1
+// (the whole prompt, or a range of it that starts on a segment) under `plan`, which describes the
+// whole prompt: exactly cpu::block_sparse_attention's semantics. A query of a sparse segment
 // attends to every key of its (KV head, segment) row's selected blocks (all end before the
 // segment) plus its own segment's keys up to itself; a query of a dense segment, or every query
 // when plan.dense, attends causally to all keys. plan.dense -> same as flash_prefill.

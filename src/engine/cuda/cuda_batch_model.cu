@@ -189,8 +189,7 @@ class CudaBatchModel : public BatchModel {
         model_.begin_prompt(entry.prompt);
         resident_ = input.prefill;
       }
-      for (int i = 0; i < std::max(input.prefill_layers, 1) && !model_.prompt_layers_done(); ++i)
-        model_.run_prompt_layer();
+      if (!model_.prompt_layers_done()) model_.run_prompt_work(input.prefill_budget);
       if (model_.prompt_layers_done()) {
         output.prefill_logits = model_.finish_prompt();
         output.prefill_done = true;

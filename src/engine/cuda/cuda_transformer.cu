@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <sstream>
 #include <tuple>
 
@@ -20,6 +21,7 @@
 #include "core/stopwatch.h"
 #include "engine/cuda/cuda_transformer.h"
 #include "engine/cuda/weight_upload.h"
+#include "engine/prefill_work.h"
 #include "engine/rope.h"
 #include "engine/sampler.h"
 #include "engine/sequence_schedule.h"
@@ -87,6 +89,11 @@ BudgetRule budget_rule(PrefillMethod method) {
 // takes their statistics; otherwise a multiple of the key block, and the estimator's own kernels
 // take them. A chunk shorter than a key block must hold the whole context (configure_attention
 // refuses it otherwise), so the prompt is one pass.
+// A served prompt's product slices: at most about a millisecond of an 8B model's products on an
+// H200, so that a step's prefill budget can be met closely; larger slices gain little (the
+// products are compute-bound from a few hundred rows on).
+constexpr int64_t kServedProductRows = 2048;
+
 int64_t layer_major_chunk(int64_t chunk, int segment_size, int block_size) {
   if (chunk >= segment_size) return chunk / segment_size * segment_size;
   if (chunk >= block_size) return chunk / block_size * block_size;
@@ -290,6 +297,7 @@ struct CudaTransformer::State {
   OwnedStream owned_stream;
   cudaStream_t stream = owned_stream.handle;
   ModelConfig config;
+  PrefillWork prefill_work{ModelConfig{}};  // what a served prompt's slices cost
   Widths w{};
   int context = 0;
   int chunk = 0;
@@ -397,6 +405,7 @@ struct CudaTransformer::State {
 
   void allocate(const ModelConfig& c, const CudaModelOptions& options) {
     config = c;
+    prefill_work = PrefillWork(c);
     context = resolve_context_length(c, options.context_length);
     validate(c, context);
     options.attention.validate();
@@ -981,9 +990,12 @@ struct CudaTransformer::State {
   // A prompt from position 0, layer by layer over the whole prompt: each layer's queries and keys
   // of every token exist before its attention runs, so a sparse method can estimate the layer's
   // plan from all of them (the rigid/dynamic test looks at every segment) and the attention is
-  // one launch per layer. Matrix products still go chunk by chunk.
-  // A layer-major prompt in progress: run_layer_major runs it whole; serving runs its layers one
-  // step at a time between decode steps of other sequences (begin_prompt).
+  // one launch per layer (unless served in slices). Matrix products still go chunk by chunk.
+  // A layer-major prompt in progress, as a sequence of slices: per layer, its products chunk by
+  // chunk (the queries, keys and values of every token), then its attention by query ranges, then
+  // its output projection and MLP chunk by chunk. run_layer_major runs it whole; serving runs a
+  // budget of slices per step between the decode steps of other sequences (begin_prompt).
+  enum class PassPhase { kProducts, kAttention, kMlp };
   struct LayerMajorPass {
     int64_t n = 0;
     bool all_logits = false;
@@ -991,31 +1003,42 @@ struct CudaTransformer::State {
     DeviceBuffer<float> dynamic_cos, dynamic_sin;
     const float* cos_table = nullptr;
     const float* sin_table = nullptr;
-    int64_t step = 0;
-    double dense_keys_per_layer = 0;
+    int64_t step = 0;        // prompt rows per product slice
+    int64_t query_step = 0;  // the granule of attention slices' query ranges
     EventTimer estimate_timer, attention_timer;
     int64_t host_keys = 0;                 // dense layers' keys, counted on the host
     int64_t sparse_layers_dense_keys = 0;  // what full attention would read in sparse layers
     int next_layer = 0;
+    PassPhase phase = PassPhase::kProducts;
+    int64_t next_row = 0;                 // the phase's next prompt row
+    DevicePrefillPlan plan;               // the layer's attention plan, once its products have run
+    bool sliced = false;                  // served in budgeted slices (begin_prompt)
+    std::vector<uint8_t> segment_sparse;  // a sliced pass's sparse plan, on the host
+    std::vector<int32_t> row_offsets;
   };
 
   void run_layer_major(int64_t n, bool all_logits, std::vector<float>* all) {
     LayerMajorPass pass;
-    begin_layer_major(pass, n, all_logits, all);
-    while (pass.next_layer < config.num_layers) run_layer_major_layer(pass);
+    begin_layer_major(pass, n, all_logits, all, chunk);
+    while (pass.next_layer < config.num_layers)
+      run_layer_major_work(pass, std::numeric_limits<double>::infinity());
     finish_layer_major(pass);
   }
 
-  void begin_layer_major(LayerMajorPass& pass, int64_t n, bool all_logits,
-                         std::vector<float>* all) {
+  // Product slices of at most max_step rows (whole segments when a sparse method estimates).
+  void begin_layer_major(LayerMajorPass& pass, int64_t n, bool all_logits, std::vector<float>* all,
+                         int64_t max_step) {
     pass.n = n;
     pass.all_logits = all_logits;
     pass.all = all;
     std::tie(pass.cos_table, pass.sin_table) = rope_span(n, pass.dynamic_cos, pass.dynamic_sin);
-    pass.step = estimator ? layer_major_chunk(chunk, attention.prefill_params.segment_size,
+    const int64_t rows = std::min<int64_t>(chunk, max_step);
+    pass.step = estimator ? layer_major_chunk(rows, attention.prefill_params.segment_size,
                                               attention.prefill_params.block_size)
-                          : chunk;
-    pass.dense_keys_per_layer = static_cast<double>(config.num_kv_heads) * n * (n + 1) / 2;
+                          : rows;
+    // A query range starts on a segment (a sparse tile reads one segment's plan row) and on a tile
+    // of packed rows (128 tokens hold a whole number of tiles for any group size).
+    pass.query_step = estimator ? attention.prefill_params.segment_size : 128;
     recording->prefill_plans.clear();
     if (estimator)
       check(cudaMemsetAsync(key_counters.data(), 0, sizeof(unsigned long long), stream),
@@ -1033,133 +1056,219 @@ struct CudaTransformer::State {
     }
   }
 
-  void run_layer_major_layer(LayerMajorPass& pass) {
+  // Enqueues slices while `budget` token-layers last (at least one); returns their work.
+  double run_layer_major_work(LayerMajorPass& pass, double budget) {
+    double spent = 0;
+    do {
+      spent += run_layer_major_slice(pass, budget - spent);
+    } while (spent < budget && pass.next_layer < config.num_layers);
+    return spent;
+  }
+
+  double run_layer_major_slice(LayerMajorPass& pass, double budget) {
+    const int index = pass.next_layer;
     const int64_t n = pass.n;
-    const bool all_logits = pass.all_logits;
-    const float* cos_table = pass.cos_table;
-    const float* sin_table = pass.sin_table;
-    const int64_t step = pass.step;
-    const double dense_keys_per_layer = pass.dense_keys_per_layer;
-    EventTimer& estimate_timer = pass.estimate_timer;
-    EventTimer& attention_timer = pass.attention_timer;
-    int64_t& host_keys = pass.host_keys;
-    int64_t& sparse_layers_dense_keys = pass.sparse_layers_dense_keys;
-    {
-      const int index = pass.next_layer++;
-      Layer& layer = layers[index];
-      bf16* cache_keys = compress_in_prefill ? scratch_keys.data() : layer.keys.data();
-      bf16* cache_values = compress_in_prefill ? scratch_values.data() : layer.values.data();
-      for (int64_t t0 = 0; t0 < n; t0 += step) {
-        const int64_t m = std::min<int64_t>(step, n - t0);
-        // The rotated queries go straight to the layer's prompt-wide query rows.
-        bf16* q = prompt_q.data() + t0 * w.q;
-        const float* cos_rows = cos_table + t0 * w.half_rotary;
-        const float* sin_rows = sin_table + t0 * w.half_rotary;
-        // One pass rotates the queries and keys, fills the caches and, for a layer that is
-        // estimated, takes the estimate's statistics (prefill_qkv_epilogue.h).
-        PrefillQkvShape epilogue_shape;
-        epilogue_shape.tokens = m;
-        epilogue_shape.token_stride = w.qkv;
-        epilogue_shape.q_heads = config.num_heads;
-        epilogue_shape.kv_heads = config.num_kv_heads;
-        epilogue_shape.head_dim = w.head_dim;
-        epilogue_shape.adjacent_pairs = config.rope.rotate_adjacent_pairs;
-        epilogue_shape.q_out_stride = w.q;
-        epilogue_shape.cache_stride = context;
-        epilogue_shape.first_position = t0;
-        // The statistics only for passes of whole segments (every pass but the last when the
-        // chunk holds a segment); otherwise the estimator reads the keys back itself.
-        const int S = attention.prefill_params.segment_size;
-        const bool estimated = estimator && layer_is_estimated(index, n, all_logits);
-        const bool with_stats = estimated && t0 % S == 0 && (m % S == 0 || t0 + m == n);
-        PrefillQkvStats stats;
-        if (with_stats) stats = estimator->fused_stats();
-        const bool fused =
-            prefill_qkv_epilogue_fits(qkv.data(), epilogue_shape, 2 * w.half_rotary, cos_rows,
-                                      sin_rows, q, with_stats ? &stats : nullptr);
-        if (fused) {
-          enqueue_qkv_product(layer, prompt_hidden.data() + t0 * w.hidden, m,
-                              first_query_row(index, t0, m, n, all_logits));
-          const auto timed = stages.scope(Stage::kQkvPointwise, stream);
-          prefill_qkv_epilogue(qkv.data(), epilogue_shape, cos_rows, sin_rows, q, cache_keys,
-                               cache_values, with_stats ? &stats : nullptr, stream);
-        } else {  // partial rotation or unaligned rows: the separate kernels
-          enqueue_qkv(layer, prompt_hidden.data() + t0 * w.hidden, m, cos_rows, sin_rows, nullptr,
-                      q);
-          const auto timed = stages.scope(Stage::kCacheWrites, stream);
-          append_kv(qkv.data() + w.q, qkv.data() + w.q + w.kv, m, w.qkv, config.num_kv_heads,
-                    w.head_dim, cache_keys, cache_values, context, t0, stream);
-        }
-        if (fused && with_stats) {
-          estimator->record_fused(t0, m);
-        } else if (estimated) {
-          estimate_timer.start(stream);
-          estimator->record_key_blocks(cache_keys, context, t0, m, stream);
-          estimate_timer.stop(stream);
-        }
-        const auto timed = stages.scope(Stage::kCacheWrites, stream);
-        record_window(index, q, w.q, t0, m);
-        if (recording->capture_inputs) capture(index, q, w.q, nullptr, 0, cache_keys, t0, m);
+    if (pass.phase == PassPhase::kProducts) {
+      const int64_t t0 = pass.next_row, m = std::min<int64_t>(pass.step, n - t0);
+      run_product_slice(pass, index, t0, m);
+      pass.next_row += m;
+      if (pass.next_row == n) {
+        pass.phase = PassPhase::kAttention;
+        pass.next_row = 0;
       }
-      FlashShape shape = decode_shape(0);
-      shape.tokens = n;
-      shape.q_token_stride = w.q;
-      shape.out_token_stride = w.q;
-      const int64_t output_rows = output_rows_of_layer(index, 0, n, n, all_logits);
-      if (output_rows < n) {
-        // The last layer without all_logits: the prompt's last row alone (the last segment is
-        // dense under every method), as a decode step over the filled cache. The estimate runs
-        // only when plans are recorded (they describe every layer).
-        if (estimator && recording->record_plans) {
-          estimator->estimate(prompt_q.data(), w.q, n, index, stream);
-          recording->prefill_plans.push_back(estimator->download_last(stream));
-        }
-        host_keys += static_cast<int64_t>(config.num_kv_heads) * n;
-        attention_timer.start(stream);
-        flash_decode(prompt_q.data() + (n - 1) * w.q, cache_keys, cache_values,
-                     decode_shape(static_cast<int>(n - 1)), prompt_attention.data() + (n - 1) * w.q,
-                     decode_workspace.data(), decode_workspace.size(), stream);
-        attention_timer.stop(stream);
-      } else if (estimator) {
-        estimate_timer.start(stream);
-        const DevicePrefillPlan plan = estimator->estimate(prompt_q.data(), w.q, n, index, stream);
-        estimate_timer.stop(stream);
-        if (recording->record_plans)
-          recording->prefill_plans.push_back(estimator->download_last(stream));
-        if (plan.dense) {
-          host_keys += static_cast<int64_t>(dense_keys_per_layer);
-        } else {  // the kernel counts the keys it reads under a sparse plan
-          sparse_layers_dense_keys += static_cast<int64_t>(dense_keys_per_layer);
-        }
-        attention_timer.start(stream);
-        flash_prefill_block_sparse(prompt_q.data(), cache_keys, cache_values, shape, plan,
-                                   prompt_attention.data(), stream, FlashKernel::kAuto,
-                                   key_counters.data());
-        attention_timer.stop(stream);
-      } else {
-        host_keys += static_cast<int64_t>(dense_keys_per_layer);
-        attention_timer.start(stream);
-        flash_prefill(prompt_q.data(), cache_keys, cache_values, shape, prompt_attention.data(),
-                      stream);
-        attention_timer.stop(stream);
-      }
-      if (compress_in_prefill) {
-        // The layer's attention has read its full cache (stream order); the compaction ends with a
-        // synchronisation, after which the next layer may overwrite the full-size cache.
-        const auto timed = stages.scope(Stage::kCompression, stream);
-        compress_layer(index, cache_keys, cache_values, static_cast<int>(n),
-                       keeps_window ? static_cast<int>(std::min<int64_t>(window, n)) : 0);
-      }
-      for (int64_t t0 = 0; t0 < n; t0 += step) {
-        const int64_t m = std::min<int64_t>(step, n - t0);
-        const int64_t rows = output_rows_of_layer(index, t0, m, n, all_logits);
-        if (rows == 0) continue;
-        const int64_t skipped = m - rows;
-        enqueue_mlp(layer, prompt_hidden.data() + (t0 + skipped) * w.hidden,
-                    prompt_attention.data() + (t0 + skipped) * w.q, rows);
-      }
-      report_progress((index + 1) * n / config.num_layers, n);
+      return static_cast<double>(m) * prefill_work.qkv_per_token();
     }
+    if (pass.phase == PassPhase::kAttention) {
+      double spent = 0;
+      if (pass.next_row == 0 && plan_layer_attention(pass, index)) {
+        spent = prefill_work.attention(n - 1, n);  // the last row alone ran
+        pass.next_row = n;
+      } else {
+        const int64_t first = pass.next_row;
+        int64_t end = std::min(n, first + pass.query_step);
+        spent = attention_cost(pass, first, end);
+        while (end < n) {
+          const int64_t next = std::min(n, end + pass.query_step);
+          const double more = attention_cost(pass, end, next);
+          if (spent + more > budget) break;
+          spent += more;
+          end = next;
+        }
+        run_attention_slice(pass, first, end);
+        pass.next_row = end;
+      }
+      if (pass.next_row == n) {
+        if (compress_in_prefill) {
+          // The layer's attention has read its full cache (stream order); the compaction ends
+          // with a synchronisation, after which the next layer may overwrite the full-size cache.
+          const auto timed = stages.scope(Stage::kCompression, stream);
+          compress_layer(index, scratch_keys.data(), scratch_values.data(), static_cast<int>(n),
+                         keeps_window ? static_cast<int>(std::min<int64_t>(window, n)) : 0);
+        }
+        pass.phase = PassPhase::kMlp;
+        pass.next_row = 0;
+      }
+      return spent;
+    }
+    const int64_t t0 = pass.next_row, m = std::min<int64_t>(pass.step, n - t0);
+    const int64_t rows = output_rows_of_layer(index, t0, m, n, pass.all_logits);
+    if (rows > 0) {
+      const int64_t skipped = m - rows;
+      enqueue_mlp(layers[index], prompt_hidden.data() + (t0 + skipped) * w.hidden,
+                  prompt_attention.data() + (t0 + skipped) * w.q, rows);
+    }
+    pass.next_row += m;
+    if (pass.next_row == n) {
+      report_progress((index + 1) * n / config.num_layers, n);
+      ++pass.next_layer;
+      pass.phase = PassPhase::kProducts;
+      pass.next_row = 0;
+    }
+    return static_cast<double>(rows) * prefill_work.mlp_per_token();
+  }
+
+  bf16* pass_keys(int index) {
+    return compress_in_prefill ? scratch_keys.data() : layers[index].keys.data();
+  }
+  bf16* pass_values(int index) {
+    return compress_in_prefill ? scratch_values.data() : layers[index].values.data();
+  }
+
+  // Rows t0 .. t0+m-1 through the layer's q/k/v product, their rotated queries into the prompt's
+  // query rows and their keys and values into the cache.
+  void run_product_slice(LayerMajorPass& pass, int index, int64_t t0, int64_t m) {
+    const int64_t n = pass.n;
+    Layer& layer = layers[index];
+    bf16* cache_keys = pass_keys(index);
+    bf16* cache_values = pass_values(index);
+    bf16* q = prompt_q.data() + t0 * w.q;
+    const float* cos_rows = pass.cos_table + t0 * w.half_rotary;
+    const float* sin_rows = pass.sin_table + t0 * w.half_rotary;
+    // One pass rotates the queries and keys, fills the caches and, for a layer that is estimated,
+    // takes the estimate's statistics (prefill_qkv_epilogue.h).
+    PrefillQkvShape epilogue_shape;
+    epilogue_shape.tokens = m;
+    epilogue_shape.token_stride = w.qkv;
+    epilogue_shape.q_heads = config.num_heads;
+    epilogue_shape.kv_heads = config.num_kv_heads;
+    epilogue_shape.head_dim = w.head_dim;
+    epilogue_shape.adjacent_pairs = config.rope.rotate_adjacent_pairs;
+    epilogue_shape.q_out_stride = w.q;
+    epilogue_shape.cache_stride = context;
+    epilogue_shape.first_position = t0;
+    // The statistics only for passes of whole segments (every pass but the last when the chunk
+    // holds a segment); otherwise the estimator reads the keys back itself.
+    const int S = attention.prefill_params.segment_size;
+    const bool estimated = estimator && layer_is_estimated(index, n, pass.all_logits);
+    const bool with_stats = estimated && t0 % S == 0 && (m % S == 0 || t0 + m == n);
+    PrefillQkvStats stats;
+    if (with_stats) stats = estimator->fused_stats();
+    const bool fused =
+        prefill_qkv_epilogue_fits(qkv.data(), epilogue_shape, 2 * w.half_rotary, cos_rows, sin_rows,
+                                  q, with_stats ? &stats : nullptr);
+    if (fused) {
+      enqueue_qkv_product(layer, prompt_hidden.data() + t0 * w.hidden, m,
+                          first_query_row(index, t0, m, n, pass.all_logits));
+      const auto timed = stages.scope(Stage::kQkvPointwise, stream);
+      prefill_qkv_epilogue(qkv.data(), epilogue_shape, cos_rows, sin_rows, q, cache_keys,
+                           cache_values, with_stats ? &stats : nullptr, stream);
+    } else {  // partial rotation or unaligned rows: the separate kernels
+      enqueue_qkv(layer, prompt_hidden.data() + t0 * w.hidden, m, cos_rows, sin_rows, nullptr, q);
+      const auto timed = stages.scope(Stage::kCacheWrites, stream);
+      append_kv(qkv.data() + w.q, qkv.data() + w.q + w.kv, m, w.qkv, config.num_kv_heads,
+                w.head_dim, cache_keys, cache_values, context, t0, stream);
+    }
+    if (fused && with_stats) {
+      estimator->record_fused(t0, m);
+    } else if (estimated) {
+      pass.estimate_timer.start(stream);
+      estimator->record_key_blocks(cache_keys, context, t0, m, stream);
+      pass.estimate_timer.stop(stream);
+    }
+    const auto timed = stages.scope(Stage::kCacheWrites, stream);
+    record_window(index, q, w.q, t0, m);
+    if (recording->capture_inputs) capture(index, q, w.q, nullptr, 0, cache_keys, t0, m);
+  }
+
+  // Once every row's queries and keys of the layer exist: its plan (pass.plan). For the last layer
+  // without all_logits, runs its attention at once instead and returns true: the prompt's last row
+  // alone (the last segment is dense under every method), as a decode step over the filled cache.
+  // The estimate then runs only when plans are recorded (they describe every layer).
+  bool plan_layer_attention(LayerMajorPass& pass, int index) {
+    const int64_t n = pass.n;
+    pass.plan = DevicePrefillPlan{};
+    if (output_rows_of_layer(index, 0, n, n, pass.all_logits) < n) {
+      if (estimator && recording->record_plans) {
+        estimator->estimate(prompt_q.data(), w.q, n, index, stream);
+        recording->prefill_plans.push_back(estimator->download_last(stream));
+      }
+      pass.host_keys += static_cast<int64_t>(config.num_kv_heads) * n;
+      pass.attention_timer.start(stream);
+      flash_decode(prompt_q.data() + (n - 1) * w.q, pass_keys(index), pass_values(index),
+                   decode_shape(static_cast<int>(n - 1)), prompt_attention.data() + (n - 1) * w.q,
+                   decode_workspace.data(), decode_workspace.size(), stream);
+      pass.attention_timer.stop(stream);
+      return true;
+    }
+    if (estimator) {
+      pass.estimate_timer.start(stream);
+      pass.plan = estimator->estimate(prompt_q.data(), w.q, n, index, stream);
+      pass.estimate_timer.stop(stream);
+      if (recording->record_plans)
+        recording->prefill_plans.push_back(estimator->download_last(stream));
+      if (!pass.plan.dense && pass.sliced) {
+        // What the slices will cost: the plan's row lengths (a few KiB, one wait per layer).
+        pass.segment_sparse.resize(static_cast<size_t>(pass.plan.num_segments));
+        pass.row_offsets.resize(
+            static_cast<size_t>(pass.plan.num_kv_heads) * pass.plan.num_segments + 1);
+        check(cudaMemcpyAsync(pass.segment_sparse.data(), pass.plan.segment_sparse,
+                              pass.segment_sparse.size(), cudaMemcpyDeviceToHost, stream),
+              "plan download");
+        check(cudaMemcpyAsync(pass.row_offsets.data(), pass.plan.row_offsets,
+                              sizeof(int32_t) * pass.row_offsets.size(), cudaMemcpyDeviceToHost,
+                              stream),
+              "plan download");
+        check(cudaStreamSynchronize(stream), "plan download");
+      }
+    }
+    return false;
+  }
+
+  // Queries first .. end-1 of the layer under pass.plan, in token-layers. A pass run whole needs
+  // no costs (it is one slice): a sparse plan then counts as dense.
+  double attention_cost(const LayerMajorPass& pass, int64_t first, int64_t end) const {
+    if (pass.plan.dense || !pass.sliced) return prefill_work.attention(first, end);
+    return prefill_work.sparse_attention(pass.segment_sparse, pass.row_offsets,
+                                         pass.plan.num_kv_heads, pass.plan.segment_size,
+                                         pass.plan.block_size, first, end);
+  }
+
+  // The layer's attention for the queries at positions first .. end-1 under pass.plan.
+  void run_attention_slice(LayerMajorPass& pass, int64_t first, int64_t end) {
+    const int index = pass.next_layer;
+    FlashShape shape = decode_shape(0);
+    shape.tokens = end - first;
+    shape.first_position = first;
+    shape.q_token_stride = w.q;
+    shape.out_token_stride = w.q;
+    const int64_t keys =
+        static_cast<int64_t>(config.num_kv_heads) * (end * (end + 1) / 2 - first * (first + 1) / 2);
+    const bf16* q = prompt_q.data() + first * w.q;
+    bf16* out = prompt_attention.data() + first * w.q;
+    pass.attention_timer.start(stream);
+    if (estimator) {
+      if (pass.plan.dense) {
+        pass.host_keys += keys;
+      } else {  // the kernel counts the keys it reads under a sparse plan
+        pass.sparse_layers_dense_keys += keys;
+      }
+      flash_prefill_block_sparse(q, pass_keys(index), pass_values(index), shape, pass.plan, out,
+                                 stream, FlashKernel::kAuto, key_counters.data());
+    } else {
+      pass.host_keys += keys;
+      flash_prefill(q, pass_keys(index), pass_values(index), shape, out, stream);
+    }
+    pass.attention_timer.stop(stream);
   }
 
   void finish_layer_major(LayerMajorPass& pass) {
@@ -1451,16 +1560,18 @@ struct CudaTransformer::State {
                           cudaMemcpyHostToDevice, stream),
           "token upload");
     prompt_pass = std::make_unique<LayerMajorPass>();
-    begin_layer_major(*prompt_pass, static_cast<int64_t>(tokens.size()), false, nullptr);
+    prompt_pass->sliced = true;
+    begin_layer_major(*prompt_pass, static_cast<int64_t>(tokens.size()), false, nullptr,
+                      kServedProductRows);
   }
 
   bool prompt_layers_done() const {
     return !prompt_pass || prompt_pass->next_layer >= config.num_layers;
   }
 
-  void run_prompt_layer() {
-    if (prompt_layers_done()) throw Error("run_prompt_layer: no prompt layer is left");
-    run_layer_major_layer(*prompt_pass);
+  double run_prompt_work(double budget) {
+    if (prompt_layers_done()) throw Error("run_prompt_work: no prompt work is left");
+    return run_layer_major_work(*prompt_pass, budget);
   }
 
   std::vector<float> finish_prompt() {
@@ -1689,7 +1800,7 @@ void CudaTransformer::begin_prompt(std::span<const int32_t> tokens) {
   state_->begin_prompt(tokens);
 }
 bool CudaTransformer::prompt_layers_done() const { return state_->prompt_layers_done(); }
-void CudaTransformer::run_prompt_layer() { state_->run_prompt_layer(); }
+double CudaTransformer::run_prompt_work(double budget) { return state_->run_prompt_work(budget); }
 std::vector<float> CudaTransformer::finish_prompt() { return state_->finish_prompt(); }
 CudaTransformer::ResidentLayer CudaTransformer::resident_layer(int layer) const {
   return state_->resident_layer(layer);

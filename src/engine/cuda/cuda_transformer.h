@@ -128,12 +128,15 @@ class CudaTransformer : public LanguageModel {
   // sequence while it prefills (and, for latent compression, until it compresses); its cache is
   // then stored into pages of a pool, and many stored sequences decode together.
 
-  // A prompt from position 0, layer-major, one run_prompt_layer() at a time, so that other
-  // sequences' decode steps run between its layers. finish_prompt() returns the last token's
-  // logits after compressing when the decode method compresses right after the prompt.
+  // A prompt from position 0, layer-major, in slices (a chunk of a layer's products, a range of
+  // its attention's queries) so that other sequences' decode steps run between them.
+  // run_prompt_work() enqueues slices while `budget` token-layers last (engine/prefill_work.h; at
+  // least one) and returns the work it enqueued. The slices are the same whatever the budget, so
+  // the prompt's results do not depend on it. finish_prompt() returns the last token's logits
+  // after compressing when the decode method compresses right after the prompt.
   void begin_prompt(std::span<const int32_t> tokens);
   bool prompt_layers_done() const;
-  void run_prompt_layer();
+  double run_prompt_work(double budget);
   std::vector<float> finish_prompt();
 
   // The resident cache of one layer: `caches` per-head caches and their lengths.
