@@ -1,6 +1,6 @@
 // The CUDA batch executor against the CUDA single-sequence one, on the shipped model: sequences of
 // different methods and lengths decoding together in one batched step over pool pages, while
-// later prompts prefill a layer per step between those steps, get the logits each gets alone
+// later prompts prefill about a layer per step between those steps, get the logits each gets alone
 // (teacher-forced with the lone run's greedy tokens, so that no difference compounds). Both run
 // bf16 products; the batch's have more rows (cuBLASLt may pick other algorithms) and its attention
 // is paged_decode over pages instead of flash_decode or ragged_decode over slabs, so the bound is
@@ -21,6 +21,7 @@
 
 #include "engine/batch_model.h"
 #include "engine/cuda/cuda_transformer.h"
+#include "engine/prefill_work.h"
 #include "engine/sampler.h"
 #include "gpu/gpu_test_support.h"
 #include "model/model_weights.h"
@@ -101,6 +102,7 @@ TEST_F(CudaBatchModelTest, SequencesDecodingTogetherGetTheLogitsEachGetsAlone) {
     }
   }
   std::unique_ptr<BatchModel> batch = make_batch_model(*weights_, options(256));
+  const PrefillWork work(weights_->config);
   std::vector<BatchModel::SequenceId> ids;
   for (const Case& c : cases) ids.push_back(batch->open(c.attention, c.prompt, kSteps + 1));
 
@@ -124,6 +126,8 @@ TEST_F(CudaBatchModelTest, SequencesDecodingTogetherGetTheLogitsEachGetsAlone) {
     if (prefilling < cases.size()) {
       if (started || batch->prefill_slot_free()) {
         input.prefill = ids[prefilling];
+        // About a layer per step: a prefill spans a few of the others' decode steps.
+        input.prefill_budget = work.layer(cases[prefilling].prompt_tokens);
         started = true;
       } else {
         waited_for_slot = true;
