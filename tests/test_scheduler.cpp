@@ -239,3 +239,89 @@ TEST_F(SchedulerTest, AFullQueueRefusesWithItsOwnError) {
 
 }  // namespace
 }  // namespace entropyinfer::serve
+
+namespace entropyinfer::serve {
+namespace {
+
+// The batch model, with every step's prefill budget and decode rows written down (the scheduler
+// calls it from its one thread; read after wait_idle).
+class RecordingBatchModel : public BatchModel {
+ public:
+  struct Step {
+    bool prefills = false;
+    size_t decoding = 0;
+    double budget = 0;
+  };
+  RecordingBatchModel(std::unique_ptr<BatchModel> model, std::vector<Step>* steps)
+      : model_(std::move(model)), steps_(steps) {}
+  SequenceId open(const AttentionConfig& attention, std::vector<int32_t> prompt,
+                  int max_new_tokens) override {
+    return model_->open(attention, std::move(prompt), max_new_tokens);
+  }
+  void close(SequenceId sequence) override { model_->close(sequence); }
+  StepOutput step(const StepInput& input) override {
+    steps_->push_back({input.prefill >= 0, input.decode.size(), input.prefill_budget});
+    return model_->step(input);
+  }
+  PageNeed pages_needed(const AttentionConfig& attention, int prompt_tokens,
+                        int max_new_tokens) const override {
+    return model_->pages_needed(attention, prompt_tokens, max_new_tokens);
+  }
+  bool prefill_slot_free() const override { return model_->prefill_slot_free(); }
+  KvPoolUsage pool_usage() const override { return model_->pool_usage(); }
+  int pages_held(SequenceId sequence) const override { return model_->pages_held(sequence); }
+  int position(SequenceId sequence) const override { return model_->position(sequence); }
+  bool prefilled(SequenceId sequence) const override { return model_->prefilled(sequence); }
+  bool compressed(SequenceId sequence) const override { return model_->compressed(sequence); }
+  const AttentionWork& attention_work(SequenceId sequence) const override {
+    return model_->attention_work(sequence);
+  }
+  int context_length() const override { return model_->context_length(); }
+  int num_layers() const override { return model_->num_layers(); }
+  const ModelConfig& config() const override { return model_->config(); }
+  std::string device_name() const override { return model_->device_name(); }
+
+ private:
+  std::unique_ptr<BatchModel> model_;
+  std::vector<Step>* steps_;
+};
+
+// A prefill gets the large budget while nothing decodes and the small one while others do, and
+// the text is the same either way.
+TEST_F(SchedulerTest, APrefillBesideDecodingStreamsTakesTheSmallBudget) {
+  std::vector<RecordingBatchModel::Step> steps;
+  SchedulerOptions options;
+  options.prefill_token_layers_per_step = int64_t{1} << 30;
+  options.prefill_token_layers_while_decoding = 1;
+  BatchModelOptions model_options;
+  model_options.pool_bytes = int64_t{64} << 20;
+  Scheduler scheduler(
+      std::make_unique<RecordingBatchModel>(make_batch_model(*weights_, model_options), &steps),
+      *tokenizer_, options);
+  const SequenceRequest first = request("full", 20, 24);
+  const SequenceRequest second = request("entropy+snapkv", 30, 4);
+  auto first_stream = scheduler.submit(first);
+  auto second_stream = scheduler.submit(second);
+  const Answer first_answer = read_all(*first_stream);
+  const Answer second_answer = read_all(*second_stream);
+  scheduler.wait_idle();
+  EXPECT_EQ(first_answer.text, alone(first).text);
+  EXPECT_EQ(second_answer.text, alone(second).text);
+  int alone_prefill_steps = 0, beside_prefill_steps = 0;
+  for (const RecordingBatchModel::Step& step : steps) {
+    if (!step.prefills) continue;
+    if (step.decoding == 0) {
+      ++alone_prefill_steps;
+      EXPECT_EQ(step.budget, static_cast<double>(options.prefill_token_layers_per_step));
+    } else {
+      ++beside_prefill_steps;
+      EXPECT_EQ(step.budget, static_cast<double>(options.prefill_token_layers_while_decoding));
+    }
+  }
+  EXPECT_EQ(alone_prefill_steps, 1) << "the first prompt, alone, in one step";
+  // The second prompt, beside the first's decoding, a layer per step.
+  EXPECT_EQ(beside_prefill_steps, weights_->config.num_layers);
+}
+
+}  // namespace
+}  // namespace entropyinfer::serve
