@@ -231,15 +231,16 @@ TEST(EvalReport, JsonMissingFieldIsOneClearError) {
   EXPECT_THROW(eval_report_from_json(json), Error);
 }
 
-TEST(EvalReport, WritesOnePlotPerLevelAndTheBudgetPlot) {
+TEST(EvalReport, WritesOnePlotPerLevelTheBudgetPlotAndTheKeysPlot) {
   const std::filesystem::path folder = std::filesystem::temp_directory_path() /
                                        ("entropyinfer_eval_plots_" + std::to_string(::getpid())) /
                                        "nested";
   const std::vector<std::string> paths = write_eval_plots(fake_report(), folder.string());
-  ASSERT_EQ(paths.size(), 3u);
+  ASSERT_EQ(paths.size(), 4u);
   EXPECT_EQ(std::filesystem::path(paths[0]).filename(), "accuracy_vs_length_budget128.svg");
   EXPECT_EQ(std::filesystem::path(paths[1]).filename(), "accuracy_vs_length_budget256.svg");
   EXPECT_EQ(std::filesystem::path(paths[2]).filename(), "accuracy_vs_budget.svg");
+  EXPECT_EQ(std::filesystem::path(paths[3]).filename(), "accuracy_vs_keys_read.svg");
   for (const std::string& path : paths) {
     EXPECT_EQ(testing::read_file_bytes(path).rfind("<svg", 0), 0u) << path;
   }
@@ -315,6 +316,71 @@ TEST(EvalIntervals, MethodsDifferOnlyWhereTheIntervalsSeparate) {
     }
   }
   EXPECT_TRUE(has_interval);
+}
+
+}  // namespace
+}  // namespace entropyinfer::eval
+
+namespace entropyinfer::eval {
+namespace {
+
+// Ranks follow the run intervals: a run is outranked only by runs whose interval lies wholly above
+// its own, so two the samples cannot tell apart share a rank.
+TEST(EvalRanking, RanksCountOnlyRunsBeyondTheIntervals) {
+  EvalReport report;
+  report.tasks = {"niah_single"};
+  report.lengths = {4096};
+  report.budgets = {512};
+  report.methods = {"full", "entropy+latent", "full+streaming"};
+  report.samples_per_cell = 40;
+  report.runs = {binary_run("full", 40, 36), binary_run("entropy+latent", 40, 34),
+                 binary_run("full+streaming", 40, 12)};
+  report.runs[0].budget = 0;
+  for (EvalSampleResult& s : report.runs[2].samples) s.prefill_keys_fraction = 0.125;
+  const std::vector<RankedRun> ranked = rank_runs(report, 512);
+  ASSERT_EQ(ranked.size(), 3u);
+  EXPECT_EQ(ranked[0].run->method, "full");
+  EXPECT_EQ(ranked[0].rank, 1);
+  EXPECT_EQ(ranked[1].run->method, "entropy+latent");
+  EXPECT_EQ(ranked[1].rank, 1) << "85% is not told from 90% by 40 samples";
+  EXPECT_EQ(ranked[2].run->method, "full+streaming");
+  EXPECT_EQ(ranked[2].rank, 3);
+  EXPECT_DOUBLE_EQ(ranked[2].accuracy, 30.0);
+  // One cell: the run's interval is the cell's.
+  const AccuracyInterval cell = cell_interval(report.runs[2], "niah_single", 4096);
+  EXPECT_NEAR(ranked[2].interval.low, cell.low, 2.5);
+  EXPECT_NEAR(ranked[2].interval.high, cell.high, 2.5);
+  EXPECT_DOUBLE_EQ(run_prefill_keys_percent(report.runs[2]), 12.5);
+  const std::string markdown = eval_report_markdown(report);
+  EXPECT_NE(markdown.find("| 3 | full+streaming | 30.0 | ["), std::string::npos) << markdown;
+  EXPECT_NE(markdown.find("| 12.5 | 25.0 |"), std::string::npos) << markdown;
+}
+
+// Over several cells the run interval resamples each cell on its own: a run right everywhere but
+// one cell still has width, and the interval holds the run's accuracy.
+TEST(EvalRanking, RunIntervalsCoverTheMeanOverCells) {
+  const EvalReport report = fake_report();
+  const EvalRun& run = report.runs[0];  // full: 1 1 | 1 0 | .5 .5 | 0 0
+  const AccuracyInterval interval = run_interval(report, run);
+  const double accuracy = run_accuracy(report, run);
+  EXPECT_LE(interval.low, accuracy);
+  EXPECT_GE(interval.high, accuracy);
+  EXPECT_GT(interval.high - interval.low, 0.0);
+  const AccuracyInterval again = run_interval(report, run);
+  EXPECT_EQ(interval.low, again.low);
+  EXPECT_EQ(interval.high, again.high);
+}
+
+TEST(EvalRanking, KeysReadChartPlacesEachRunAtItsShareOfKeys) {
+  EvalReport report = fake_report();
+  for (EvalSampleResult& s : report.runs[1].samples) s.prefill_keys_fraction = 0.25;
+  const std::string svg = accuracy_vs_keys_read_svg(report);
+  EXPECT_EQ(count_of(svg, "<polyline"), 3);
+  EXPECT_NE(svg.find("prefill keys read (% of full attention"), std::string::npos);
+  // entropy+latent at 25% of the keys (budget 128) and at 50% (256): two points, in that order.
+  EXPECT_NE(svg.find("entropy+latent at 25.0%: "), std::string::npos) << svg;
+  EXPECT_NE(svg.find("entropy+latent at 50.0%: "), std::string::npos) << svg;
+  EXPECT_NE(svg.find("full at 50.0%: "), std::string::npos) << svg;
 }
 
 }  // namespace

@@ -92,6 +92,8 @@ struct Series {
   std::string name;
   std::vector<double> values;  // one per x position, NaN where there is no point
   bool dashed = false;
+  // With LineChart::percent_x, each point's own x (0-100), one per value, instead of x_values.
+  std::vector<double> xs;
 };
 
 struct LineChart {
@@ -99,6 +101,7 @@ struct LineChart {
   std::string x_label;
   std::string y_label;
   std::vector<int> x_values;  // positive; drawn on a log2 scale (lengths and budgets double)
+  bool percent_x = false;     // x is a share in percent, linear from 0 to 100, per point
   std::vector<Series> series;
 };
 
@@ -120,14 +123,32 @@ std::string render_line_chart(const LineChart& chart) {
   const double inset = 24;  // keeps the first and last points off the axes
   double low = INFINITY, high = -INFINITY;
   for (int x : chart.x_values) {
+    if (chart.percent_x) continue;  // ticks of a linear scale from 0
     if (x <= 0) throw Error("line chart '" + chart.title + "': x values must be positive");
     low = std::min(low, std::log2(static_cast<double>(x)));
     high = std::max(high, std::log2(static_cast<double>(x)));
   }
-  auto x_position = [&](size_t index) {
+  const auto percent_position = [&](double percent) {
+    return left + inset + (plot_width - 2 * inset) * std::clamp(percent, 0.0, 100.0) / 100.0;
+  };
+  auto tick_position = [&](size_t index) {
+    if (chart.percent_x) return percent_position(chart.x_values[index]);
     const double value = std::log2(static_cast<double>(chart.x_values[index]));
     if (!(high > low)) return left + plot_width / 2;
     return left + inset + (plot_width - 2 * inset) * (value - low) / (high - low);
+  };
+  // Where point i of a series sits: its own x, or the i-th x value.
+  auto point_position = [&](const Series& series, size_t i) {
+    return chart.percent_x ? percent_position(series.xs[i]) : tick_position(i);
+  };
+  const auto point_count = [&](const Series& series) {
+    return chart.percent_x ? std::min(series.values.size(), series.xs.size())
+                           : std::min(series.values.size(), chart.x_values.size());
+  };
+  // What a point's tooltip names it by.
+  const auto point_label = [&](const Series& series, size_t i) {
+    return chart.percent_x ? format_accuracy(series.xs[i]) + "%"
+                           : std::to_string(chart.x_values[i]);
   };
   auto y_position = [&](double accuracy) {
     return top + plot_height * (1.0 - std::clamp(accuracy, 0.0, 100.0) / 100.0);
@@ -153,7 +174,7 @@ std::string render_line_chart(const LineChart& chart) {
   svg << "<line x1=\"" << left << "\" y1=\"" << top + plot_height << "\" x2=\"" << left + plot_width
       << "\" y2=\"" << top + plot_height << "\" stroke=\"black\"/>\n";
   for (size_t i = 0; i < chart.x_values.size(); ++i) {
-    const std::string x = coordinate(x_position(i));
+    const std::string x = coordinate(tick_position(i));
     svg << "<line x1=\"" << x << "\" y1=\"" << top + plot_height << "\" x2=\"" << x << "\" y2=\""
         << top + plot_height + 5 << "\" stroke=\"black\"/>\n";
     svg << "<text x=\"" << x << "\" y=\"" << top + plot_height + 19 << "\" text-anchor=\"middle\">"
@@ -177,19 +198,19 @@ std::string render_line_chart(const LineChart& chart) {
     // One polyline per series; x positions without a value are skipped (the line joins the
     // points on either side), and a series with no value at all has an empty polyline.
     std::ostringstream points;
-    for (size_t i = 0; i < series.values.size() && i < chart.x_values.size(); ++i) {
+    for (size_t i = 0; i < point_count(series); ++i) {
       if (std::isnan(series.values[i])) continue;
-      points << (points.tellp() > 0 ? " " : "") << coordinate(x_position(i)) << ","
+      points << (points.tellp() > 0 ? " " : "") << coordinate(point_position(series, i)) << ","
              << coordinate(y_position(series.values[i]));
     }
     svg << "<polyline class=\"series\" data-name=\"" << escape_xml(series.name)
         << "\" fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"2\"" << dash << " points=\""
         << points.str() << "\"><title>" << escape_xml(series.name) << "</title></polyline>\n";
-    for (size_t i = 0; i < series.values.size() && i < chart.x_values.size(); ++i) {
+    for (size_t i = 0; i < point_count(series); ++i) {
       if (std::isnan(series.values[i])) continue;
-      svg << "<circle cx=\"" << coordinate(x_position(i)) << "\" cy=\""
+      svg << "<circle cx=\"" << coordinate(point_position(series, i)) << "\" cy=\""
           << coordinate(y_position(series.values[i])) << "\" r=\"3.5\" fill=\"" << colour
-          << "\"><title>" << escape_xml(series.name) << " at " << chart.x_values[i] << ": "
+          << "\"><title>" << escape_xml(series.name) << " at " << point_label(series, i) << ": "
           << format_accuracy(series.values[i]) << "</title></circle>\n";
     }
     // Legend entry.
@@ -290,6 +311,86 @@ AccuracyInterval cell_interval(const EvalRun& run, const std::string& task, int 
     return means[index];
   };
   return {at(0.025), at(0.975)};
+}
+
+AccuracyInterval run_interval(const EvalReport& report, const EvalRun& run) {
+  // Cells in the report's task and length order, each with its scores.
+  std::vector<std::vector<std::vector<double>>> cells(
+      report.lengths.size(), std::vector<std::vector<double>>(report.tasks.size()));
+  bool any = false;
+  for (const EvalSampleResult& sample : run.samples) {
+    const auto length = std::find(report.lengths.begin(), report.lengths.end(), sample.length);
+    const auto task = std::find(report.tasks.begin(), report.tasks.end(), sample.task);
+    if (length == report.lengths.end() || task == report.tasks.end()) continue;
+    cells[static_cast<size_t>(length - report.lengths.begin())]
+         [static_cast<size_t>(task - report.tasks.begin())]
+             .push_back(sample.score);
+    any = true;
+  }
+  if (!any) return {kNaN, kNaN};
+  std::mt19937_64 generator(
+      fnv1a64(run.protocol + "/" + run.method + "/" + std::to_string(run.budget) + "/run"));
+  std::vector<double> means(kBootstrapResamples);
+  for (double& mean : means) {
+    // run_accuracy: the mean over lengths of the mean over tasks, cells without samples left out.
+    double length_sum = 0.0;
+    int lengths = 0;
+    for (const auto& row : cells) {
+      double task_sum = 0.0;
+      int tasks = 0;
+      for (const std::vector<double>& scores : row) {
+        if (scores.empty()) continue;
+        std::uniform_int_distribution<size_t> pick(0, scores.size() - 1);
+        double sum = 0.0;
+        for (size_t i = 0; i < scores.size(); ++i) sum += scores[pick(generator)];
+        task_sum += 100.0 * sum / static_cast<double>(scores.size());
+        ++tasks;
+      }
+      if (tasks == 0) continue;
+      length_sum += task_sum / tasks;
+      ++lengths;
+    }
+    mean = length_sum / lengths;
+  }
+  std::sort(means.begin(), means.end());
+  const auto at = [&](double fraction) {
+    return means[static_cast<size_t>(fraction * static_cast<double>(means.size() - 1))];
+  };
+  return {at(0.025), at(0.975)};
+}
+
+double run_prefill_keys_percent(const EvalRun& run) {
+  if (run.samples.empty()) return kNaN;
+  double sum = 0.0;
+  for (const EvalSampleResult& sample : run.samples) sum += sample.prefill_keys_fraction;
+  return 100.0 * sum / static_cast<double>(run.samples.size());
+}
+
+double run_cache_kept_percent(const EvalRun& run) {
+  if (run.samples.empty()) return kNaN;
+  double sum = 0.0;
+  for (const EvalSampleResult& sample : run.samples) sum += sample.cache_kept_fraction;
+  return 100.0 * sum / static_cast<double>(run.samples.size());
+}
+
+std::vector<RankedRun> rank_runs(const EvalReport& report, int budget) {
+  std::vector<RankedRun> ranked;
+  for (const std::string& method : report.methods) {
+    const EvalRun* run = find_run(report, method, budget);
+    if (run == nullptr) continue;
+    const double accuracy = run_accuracy(report, *run);
+    if (std::isnan(accuracy)) continue;
+    ranked.push_back({run, 0, accuracy, run_interval(report, *run)});
+  }
+  for (RankedRun& entry : ranked) {
+    entry.rank = 1;
+    for (const RankedRun& other : ranked) {
+      if (other.interval.low > entry.interval.high) ++entry.rank;
+    }
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const RankedRun& a, const RankedRun& b) { return a.accuracy > b.accuracy; });
+  return ranked;
 }
 
 int samples_to_resolve(double p, double half_width_points) {
@@ -568,6 +669,25 @@ std::string markdown_tables(const EvalReport& report) {
     for (const std::string& line : lines) text << line << "\n";
   }
 
+  text << "\n## Ranking per budget\n\nEvery method at each budget level, best first: accuracy "
+          "over all tasks and lengths with its 95% interval (a bootstrap over each cell's "
+          "samples), the prefill's keys read and the cache kept (percent of full attention's), "
+          "so that what each method spent stands beside what it scored. rank: 1 + the methods "
+          "whose interval lies wholly above; equal ranks are not told apart.\n";
+  for (int budget : report.budgets) {
+    text << "\n### Budget " << budget
+         << "\n\n| rank | method | accuracy (%) | 95% interval | prefill keys (%) | cache kept (%) "
+            "|\n|---:|---|---:|---|---:|---:|\n";
+    for (const RankedRun& entry : rank_runs(report, budget)) {
+      text << "| " << entry.rank << " | " << escape_cell(entry.run->method)
+           << (entry.run->budget == 0 ? " (dense)" : "") << " | " << format_accuracy(entry.accuracy)
+           << " | [" << format_accuracy(entry.interval.low) << ", "
+           << format_accuracy(entry.interval.high) << "] | "
+           << format_accuracy(run_prefill_keys_percent(*entry.run)) << " | "
+           << format_accuracy(run_cache_kept_percent(*entry.run)) << " |\n";
+    }
+  }
+
   text << "\n## Work\n\nprefill keys: keys the prefill read, as a share of full causal "
           "attention's; cache kept: decode-cache entries kept by the compression (100 when it "
           "did not run); both averaged over the samples.\n\n"
@@ -635,6 +755,40 @@ std::string accuracy_vs_budget_svg(const EvalReport& report) {
   return render_line_chart(chart);
 }
 
+std::string accuracy_vs_keys_read_svg(const EvalReport& report) {
+  LineChart chart;
+  chart.title = "Accuracy against keys read (mean of " + count_of(report.tasks.size(), "task") +
+                " and " + count_of(report.lengths.size(), "length") + ")";
+  chart.x_label = "prefill keys read (% of full attention's)";
+  chart.y_label = "accuracy (%)";
+  chart.percent_x = true;
+  chart.x_values = {0, 20, 40, 60, 80, 100};
+  for (const std::string& method : report.methods) {
+    std::vector<std::pair<double, double>> points;  // (keys, accuracy), one per run shown
+    std::vector<const EvalRun*> seen;
+    bool dashed = false;
+    for (int budget : report.budgets) {
+      const EvalRun* run = find_run(report, method, budget);
+      if (run == nullptr || std::find(seen.begin(), seen.end(), run) != seen.end()) continue;
+      seen.push_back(run);
+      dashed = run->budget == 0;
+      points.emplace_back(run_prefill_keys_percent(*run), run_accuracy(report, *run));
+    }
+    if (points.empty()) continue;
+    std::stable_sort(points.begin(), points.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    Series series;
+    series.name = method;
+    series.dashed = dashed;
+    for (const auto& [keys, accuracy] : points) {
+      series.xs.push_back(keys);
+      series.values.push_back(accuracy);
+    }
+    chart.series.push_back(std::move(series));
+  }
+  return render_line_chart(chart);
+}
+
 std::vector<std::string> write_eval_plots(const EvalReport& report, const std::string& directory) {
   namespace fs = std::filesystem;
   prepare_output_folder(directory, "plot folder");
@@ -652,6 +806,10 @@ std::vector<std::string> write_eval_plots(const EvalReport& report, const std::s
     const std::string path = (fs::path(directory) / (prefix + "accuracy_vs_budget.svg")).string();
     write_text_file(path, accuracy_vs_budget_svg(only));
     paths.push_back(path);
+    const std::string keys_path =
+        (fs::path(directory) / (prefix + "accuracy_vs_keys_read.svg")).string();
+    write_text_file(keys_path, accuracy_vs_keys_read_svg(only));
+    paths.push_back(keys_path);
   }
   return paths;
 }

@@ -95,6 +95,24 @@ double interval_half_width(double p, int n);
 // The samples per cell that bring interval_half_width(p, n) down to half_width_points.
 int samples_to_resolve(double p, double half_width_points);
 
+// A 95% interval of run_accuracy: the percentile bootstrap again, each resample drawing every
+// cell's samples with replacement from that cell (so each cell keeps its weight in the mean).
+AccuracyInterval run_interval(const EvalReport& report, const EvalRun& run);
+// The mean over the run's samples of the keys its prefill read (share of full causal attention's)
+// and of the cache entries its compression kept, in percent.
+double run_prefill_keys_percent(const EvalRun& run);
+double run_cache_kept_percent(const EvalRun& run);
+// The runs shown at budget level `budget`, best first: each with its rank, 1 + the number of
+// runs whose run_interval lies wholly above its own (so runs the intervals cannot tell apart
+// share ranks), ties in accuracy kept in the report's method order.
+struct RankedRun {
+  const EvalRun* run = nullptr;
+  int rank = 0;
+  double accuracy = 0.0;
+  AccuracyInterval interval;
+};
+std::vector<RankedRun> rank_runs(const EvalReport& report, int budget);
+
 // The run that shows `method` at budget level `budget`: the method's run at that level, else its
 // budget-free run (budget 0); nullptr when there is neither.
 const EvalRun* find_run(const EvalReport& report, const std::string& method, int budget);
@@ -118,7 +136,12 @@ std::string accuracy_vs_length_svg(const EvalReport& report, int budget);
 // polyline per method (a budget-free method is a flat dashed line).
 std::string accuracy_vs_budget_svg(const EvalReport& report);
 
-// Writes accuracy_vs_length_budget<B>.svg for every level and accuracy_vs_budget.svg into
+// Accuracy (mean over tasks and lengths) against the keys the prefill read (percent of full
+// causal attention's), one point per budget level of each method, joined in order of keys read.
+std::string accuracy_vs_keys_read_svg(const EvalReport& report);
+
+// Writes accuracy_vs_length_budget<B>.svg for every level, accuracy_vs_budget.svg and
+// accuracy_vs_keys_read.svg into
 // `directory` (created when missing), each name prefixed with "<protocol>_" when the report has
 // more than one protocol; returns the paths written. Throws Error when a file cannot be
 // written.
