@@ -322,7 +322,9 @@ struct CudaTransformer::State {
 
   ~State() {
     if (decode_graph != nullptr) cudaGraphExecDestroy(decode_graph);
-    if (slices_done != nullptr) cudaEventDestroy(slices_done);
+    for (cudaEvent_t event : slices_done) {
+      if (event != nullptr) cudaEventDestroy(event);
+    }
   }
 
   struct Layer {
@@ -1597,10 +1599,12 @@ struct CudaTransformer::State {
       std::swap(state.activation, lane.activation);
     }
   };
-  // At most one step's prompt slices in flight: the host waits for the last step's before
-  // enqueueing more, so that the budget bounds what runs beside a decode step.
-  cudaEvent_t slices_done = nullptr;
-  bool slices_pending = false;
+  // At most two steps' prompt slices in flight: the host waits for those of two steps back before
+  // enqueueing more, so that the budget bounds what runs beside a decode step while the GPU
+  // always has the next step's slices queued.
+  std::array<cudaEvent_t, 2> slices_done{};
+  std::array<bool, 2> slices_pending{};
+  size_t slices_step = 0;
   DeviceBuffer<int32_t> batch_ids;
 
   void begin_prompt(std::span<const int32_t> tokens) {
@@ -1630,12 +1634,15 @@ struct CudaTransformer::State {
 
   double run_prompt_work(double budget) {
     if (prompt_layers_done()) throw Error("run_prompt_work: no prompt work is left");
-    if (slices_done == nullptr)
-      check(cudaEventCreateWithFlags(&slices_done, cudaEventDisableTiming), "cudaEventCreate");
-    if (slices_pending) check(cudaEventSynchronize(slices_done), "prompt slices");
+    const size_t slot = slices_step++ % slices_done.size();
+    if (slices_done[slot] == nullptr) {
+      check(cudaEventCreateWithFlags(&slices_done[slot], cudaEventDisableTiming),
+            "cudaEventCreate");
+    }
+    if (slices_pending[slot]) check(cudaEventSynchronize(slices_done[slot]), "prompt slices");
     const double work = run_layer_major_work(*prompt_pass, budget);
-    check(cudaEventRecord(slices_done, stream), "cudaEventRecord");
-    slices_pending = true;
+    check(cudaEventRecord(slices_done[slot], stream), "cudaEventRecord");
+    slices_pending[slot] = true;
     return work;
   }
 
