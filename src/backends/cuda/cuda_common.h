@@ -90,12 +90,6 @@ class DeviceBuffer {
   size_t size() const { return count_; }
   size_t bytes() const { return count_ * sizeof(T); }
 
-  // On `stream`, without the legacy default stream's wait for every blocking stream: a stream
-  // that runs beside others uploads this way. Pageable host memory may be reused on return.
-  void upload_async(const T* host, size_t count, cudaStream_t stream) {
-    check(cudaMemcpyAsync(data_, host, count * sizeof(T), cudaMemcpyHostToDevice, stream),
-          "cudaMemcpyAsync to device");
-  }
   void upload(const T* host, size_t count, size_t offset = 0) {
     check(cudaMemcpy(data_ + offset, host, count * sizeof(T), cudaMemcpyHostToDevice),
           "cudaMemcpy to device");

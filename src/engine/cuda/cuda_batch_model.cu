@@ -156,32 +156,13 @@ class CudaBatchModel : public BatchModel {
     const size_t vocab = static_cast<size_t>(config_.vocab_size);
     step_logits_.reserve(input.decode.size() * vocab);
     float* logits = step_logits_.data();
-    // The stored rows' step runs on the model's decode stream beside this step's prompt slices;
-    // it is waited for before anything reads its logits, and before leaving on an error.
-    struct DecodeWait {
-      CudaTransformer& model;
-      bool pending = false;
-      void wait() {
-        if (pending) model.wait_decode();
-        pending = false;
-      }
-      ~DecodeWait() {
-        try {
-          wait();
-        } catch (...) {  // an error is already on its way out, or the next call reports it
-        }
-      }
-    } decode_wait{model_};
     if (!stored.empty()) {
+      // The stored rows are the step's rows in order, but for the resident one's (last, moved).
       decode_stored(stored, stored_tokens, logits);
-      decode_wait.pending = true;
-    }
-    run_prefill(input, output);
-    decode_wait.wait();
-    if (!stored.empty() && resident_row >= 0) {
-      // The stored rows are the step's rows in order, but for the resident one's (moved last).
-      for (size_t r = stored.size(); r-- > static_cast<size_t>(resident_row);)
-        std::copy_n(logits + r * vocab, vocab, logits + (r + 1) * vocab);
+      if (resident_row >= 0) {
+        for (size_t r = stored.size(); r-- > static_cast<size_t>(resident_row);)
+          std::copy_n(logits + r * vocab, vocab, logits + (r + 1) * vocab);
+      }
     }
     if (resident_row >= 0) {
       // The resident sequence decodes alone until it compresses (the latent gap).
@@ -193,11 +174,6 @@ class CudaBatchModel : public BatchModel {
       if (model_.attention_work().compressed) store_resident();
     }
     output.decode_logits = std::span<float>(logits, input.decode.size() * vocab);
-    return output;
-  }
-
-  // The step's prefill slices, on the model's main stream.
-  void run_prefill(const StepInput& input, StepOutput& output) {
     if (input.prefill >= 0) {
       Entry& entry = find(input.prefill);
       if (entry.prefilled)
@@ -226,6 +202,7 @@ class CudaBatchModel : public BatchModel {
         if (entry.work.compressed || at < 0) store_resident();
       }
     }
+    return output;
   }
 
   PageNeed pages_needed(const AttentionConfig& attention, int prompt_tokens,
@@ -379,8 +356,8 @@ class CudaBatchModel : public BatchModel {
     release_resident();
   }
 
-  // Enqueues the batched step over stored sequences (CudaTransformer::wait_decode ends it); page
-  // tables and lengths go up only when the batch differs from the last step's.
+  // The batched step over stored sequences; page tables and lengths go up only when the batch
+  // differs from the last step's.
   void decode_stored(const std::vector<SequenceId>& ids, const std::vector<int32_t>& tokens,
                      float* logits) {
     const int kv = config_.num_kv_heads;
@@ -406,13 +383,11 @@ class CudaBatchModel : public BatchModel {
                 layer.lengths[static_cast<size_t>(c)] + entry.position - entry.stored_position;
           }
         }
-        // On the decode stream: a plain upload would wait for the prompt slices on the main one.
         BatchLayer& batch = batch_layers_[static_cast<size_t>(index)];
-        const auto stream = static_cast<cudaStream_t>(model_.decode_stream());
-        if (batch.tables.size() < table.size()) batch.tables.allocate(2 * table.size());
-        batch.tables.upload_async(table.data(), table.size(), stream);
-        if (batch.lengths.size() < lengths.size()) batch.lengths.allocate(2 * lengths.size());
-        batch.lengths.upload_async(lengths.data(), lengths.size(), stream);
+        batch.tables.allocate(table.size());
+        batch.tables.upload(table.data(), table.size());
+        batch.lengths.allocate(lengths.size());
+        batch.lengths.upload(lengths.data(), lengths.size());
         batch.max_pages = max_pages;
       }
       batch_ids_ = ids;

@@ -288,14 +288,6 @@ GpuMemoryPlan CudaTransformer::plan(const ModelConfig& config, const CudaModelOp
 struct OwnedStream {
   cudaStream_t handle = nullptr;
   OwnedStream() { check(cudaStreamCreate(&handle), "cudaStreamCreate"); }
-  // Not ordered with the legacy default stream, at the device's highest priority.
-  struct Priority {};
-  explicit OwnedStream(Priority) {
-    int least = 0, greatest = 0;
-    check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priorities");
-    check(cudaStreamCreateWithPriority(&handle, cudaStreamNonBlocking, greatest),
-          "cudaStreamCreateWithPriority");
-  }
   ~OwnedStream() { cudaStreamDestroy(handle); }
   OwnedStream(const OwnedStream&) = delete;
   OwnedStream& operator=(const OwnedStream&) = delete;
@@ -311,8 +303,7 @@ struct CudaTransformer::State {
   int chunk = 0;
   SequenceSchedule schedule;  // position, prefill, when to compress, the window's extent
   GpuMemoryPlan plan;
-  Blas main_blas{stream};
-  Blas* blas = &main_blas;  // the lane's while a batched decode step is enqueued (DecodeLane)
+  Blas blas{stream};
   // Decoding replays one captured graph per token: the kernels read the position from
   // device_position, so the same graph serves every position.
   DeviceBuffer<int32_t> device_position;
@@ -322,9 +313,6 @@ struct CudaTransformer::State {
 
   ~State() {
     if (decode_graph != nullptr) cudaGraphExecDestroy(decode_graph);
-    for (cudaEvent_t event : slices_done) {
-      if (event != nullptr) cudaEventDestroy(event);
-    }
   }
 
   struct Layer {
@@ -515,11 +503,11 @@ struct CudaTransformer::State {
                                                       attention.prefill_params.block_size)
                                   : chunk;
     using GemmTuning = CudaModelOptions::GemmTuning;
-    blas->set_autotune(options.gemm_tuning == GemmTuning::kHeuristic ? 0 : 8,
-                       std::max<int64_t>(2, whole_chunk),
-                       options.gemm_tuning == GemmTuning::kSustained ? Blas::TuneLoad::kSustained
-                                                                     : Blas::TuneLoad::kBurst);
-    blas->set_gemv_tuning(true);
+    blas.set_autotune(options.gemm_tuning == GemmTuning::kHeuristic ? 0 : 8,
+                      std::max<int64_t>(2, whole_chunk),
+                      options.gemm_tuning == GemmTuning::kSustained ? Blas::TuneLoad::kSustained
+                                                                    : Blas::TuneLoad::kBurst);
+    blas.set_gemv_tuning(true);
     estimator.reset();
     compressor.reset();
     prompt_hidden.release();
@@ -711,15 +699,15 @@ struct CudaTransformer::State {
     {
       const auto timed = stages.scope(Stage::kQkvProduct, stream);
       if (first_q_row == 0) {
-        blas->linear(normed.data(), m, w.hidden, layer.qkv.data(), w.qkv, qkv.data());
+        blas.linear(normed.data(), m, w.hidden, layer.qkv.data(), w.qkv, qkv.data());
       } else {
         // Keys and values of every row (their weight rows follow the queries' in the fused
         // matrix), queries of the rows from first_q_row on.
-        blas->linear(normed.data(), m, w.hidden, layer.qkv.data() + w.q * w.hidden, 2 * w.kv,
-                     qkv.data() + w.q, w.qkv);
+        blas.linear(normed.data(), m, w.hidden, layer.qkv.data() + w.q * w.hidden, 2 * w.kv,
+                    qkv.data() + w.q, w.qkv);
         if (first_q_row < m) {
-          blas->linear(normed.data() + first_q_row * w.hidden, m - first_q_row, w.hidden,
-                       layer.qkv.data(), w.q, qkv.data() + first_q_row * w.qkv, w.qkv);
+          blas.linear(normed.data() + first_q_row * w.hidden, m - first_q_row, w.hidden,
+                      layer.qkv.data(), w.q, qkv.data() + first_q_row * w.qkv, w.qkv);
         }
       }
     }
@@ -740,7 +728,7 @@ struct CudaTransformer::State {
     const ModelConfig& c = config;
     {
       const auto timed = stages.scope(Stage::kOProduct, stream);
-      blas->linear(attention_rows, m, w.q, layer.o.data(), w.hidden, rows, /*accumulate=*/true);
+      blas.linear(attention_rows, m, w.q, layer.o.data(), w.hidden, rows, /*accumulate=*/true);
       if (c.o_bias) add_bias(rows, layer.o_bias.data(), m, w.hidden, w.hidden, stream);
     }
     {
@@ -749,8 +737,8 @@ struct CudaTransformer::State {
     }
     {
       const auto timed = stages.scope(Stage::kGateUpProduct, stream);
-      blas->linear(normed.data(), m, w.hidden, layer.gate_up.data(), 2 * w.intermediate,
-                   gate_up.data());
+      blas.linear(normed.data(), m, w.hidden, layer.gate_up.data(), 2 * w.intermediate,
+                  gate_up.data());
     }
     {
       const auto timed = stages.scope(Stage::kSwiglu, stream);
@@ -758,7 +746,7 @@ struct CudaTransformer::State {
              activation.data(), stream);
     }
     const auto timed = stages.scope(Stage::kDownProduct, stream);
-    blas->linear(activation.data(), m, w.intermediate, layer.down.data(), w.hidden, rows, true);
+    blas.linear(activation.data(), m, w.intermediate, layer.down.data(), w.hidden, rows, true);
   }
 
   RaggedShape ragged_shape(const Layer& layer) const {
@@ -890,7 +878,7 @@ struct CudaTransformer::State {
       enqueue_layer(index, 1, 0, rope_cos.data(), rope_sin.data(), device_position.data(), 1);
     rms_norm(hidden.data(), final_norm.data(), 1, w.hidden, config.rms_norm_eps, normed.data(),
              stream);
-    blas->linear(normed.data(), 1, w.hidden, head(), w.vocab, logits.data());
+    blas.linear(normed.data(), 1, w.hidden, head(), w.vocab, logits.data());
     argmax_rows(logits.data(), 1, w.vocab, best.data(), stream, &argmax_workspace);
   }
 
@@ -960,7 +948,7 @@ struct CudaTransformer::State {
       // Row by row through the one-row logits buffer keeps memory bounded for long spans.
       rms_norm(rows, final_norm.data(), m, w.hidden, config.rms_norm_eps, normed.data(), stream);
       for (int64_t r = 0; r < m; ++r) {
-        blas->linear(normed.data() + r * w.hidden, 1, w.hidden, head(), w.vocab, logits.data());
+        blas.linear(normed.data() + r * w.hidden, 1, w.hidden, head(), w.vocab, logits.data());
         check(cudaMemcpyAsync(all->data() + (t0 + r) * w.vocab, logits.data(),
                               sizeof(float) * w.vocab, cudaMemcpyDeviceToHost, stream),
               "logits download");
@@ -969,7 +957,7 @@ struct CudaTransformer::State {
     } else if (t0 + m == n) {
       rms_norm(rows + (m - 1) * w.hidden, final_norm.data(), 1, w.hidden, config.rms_norm_eps,
                normed.data(), stream);
-      blas->linear(normed.data(), 1, w.hidden, head(), w.vocab, logits.data());
+      blas.linear(normed.data(), 1, w.hidden, head(), w.vocab, logits.data());
     }
   }
 
@@ -1554,57 +1542,6 @@ struct CudaTransformer::State {
   std::unique_ptr<LayerMajorPass> prompt_pass;      // the resident prompt while its layers run
   std::vector<float> host_rope_cos, host_rope_sin;  // the RoPE tables, for batch rows' positions
   DeviceBuffer<float> batch_rope_cos, batch_rope_sin, batch_logits, paged_workspace;
-
-  // The batched decode's stream, products and activations: its memory-bound step runs beside the
-  // resident prompt's compute-bound slices on the main stream instead of after them, and its
-  // kernels, at the highest priority, take SMs as the slices' blocks retire.
-  struct DecodeLane {
-    OwnedStream owned{OwnedStream::Priority{}};
-    cudaStream_t stream = owned.handle;
-    Blas blas{owned.handle};
-    DeviceBuffer<float> hidden;
-    DeviceBuffer<bf16> normed, qkv, attn_out, gate_up, activation;
-    int64_t rows = 0;  // what the activations hold
-  };
-  std::unique_ptr<DecodeLane> decode_lane;
-  DecodeLane& lane() {
-    if (!decode_lane) {
-      decode_lane = std::make_unique<DecodeLane>();
-      decode_lane->blas.set_gemv_tuning(true);
-    }
-    return *decode_lane;
-  }
-  // Points the stream, the products and the activations the enqueue helpers use at the lane's
-  // until destroyed.
-  struct OnLane {
-    State& state;
-    DecodeLane& lane;
-    OnLane(State& s, DecodeLane& l) : state(s), lane(l) {
-      swap_members();
-      state.blas = &lane.blas;
-    }
-    ~OnLane() {
-      swap_members();
-      state.blas = &state.main_blas;
-    }
-    OnLane(const OnLane&) = delete;
-    OnLane& operator=(const OnLane&) = delete;
-    void swap_members() {
-      std::swap(state.stream, lane.stream);
-      std::swap(state.hidden, lane.hidden);
-      std::swap(state.normed, lane.normed);
-      std::swap(state.qkv, lane.qkv);
-      std::swap(state.attn_out, lane.attn_out);
-      std::swap(state.gate_up, lane.gate_up);
-      std::swap(state.activation, lane.activation);
-    }
-  };
-  // At most two steps' prompt slices in flight: the host waits for those of two steps back before
-  // enqueueing more, so that the budget bounds what runs beside a decode step while the GPU
-  // always has the next step's slices queued.
-  std::array<cudaEvent_t, 2> slices_done{};
-  std::array<bool, 2> slices_pending{};
-  size_t slices_step = 0;
   DeviceBuffer<int32_t> batch_ids;
 
   void begin_prompt(std::span<const int32_t> tokens) {
@@ -1634,16 +1571,7 @@ struct CudaTransformer::State {
 
   double run_prompt_work(double budget) {
     if (prompt_layers_done()) throw Error("run_prompt_work: no prompt work is left");
-    const size_t slot = slices_step++ % slices_done.size();
-    if (slices_done[slot] == nullptr) {
-      check(cudaEventCreateWithFlags(&slices_done[slot], cudaEventDisableTiming),
-            "cudaEventCreate");
-    }
-    if (slices_pending[slot]) check(cudaEventSynchronize(slices_done[slot]), "prompt slices");
-    const double work = run_layer_major_work(*prompt_pass, budget);
-    check(cudaEventRecord(slices_done[slot], stream), "cudaEventRecord");
-    slices_pending[slot] = true;
-    return work;
+    return run_layer_major_work(*prompt_pass, budget);
   }
 
   std::vector<float> finish_prompt() {
@@ -1726,24 +1654,13 @@ struct CudaTransformer::State {
       std::copy_n(host_rope_sin.begin() + static_cast<int64_t>(position) * w.half_rotary, half,
                   sin_rows.begin() + r * w.half_rotary);
     }
-    DecodeLane& decode = lane();
     grow(batch_rope_cos, cos_rows.size());
     grow(batch_rope_sin, sin_rows.size());
     grow(batch_ids, static_cast<size_t>(rows));
     grow(batch_logits, static_cast<size_t>(rows * w.vocab));
-    if (decode.rows < rows) {
-      const int64_t grown = std::max(rows, 2 * decode.rows);
-      decode.hidden.allocate(static_cast<size_t>(grown * w.hidden));
-      decode.normed.allocate(static_cast<size_t>(grown * w.hidden));
-      decode.qkv.allocate(static_cast<size_t>(grown * w.qkv));
-      decode.attn_out.allocate(static_cast<size_t>(grown * w.q));
-      decode.gate_up.allocate(static_cast<size_t>(grown * 2 * w.intermediate));
-      decode.activation.allocate(static_cast<size_t>(grown * w.intermediate));
-      decode.rows = grown;
-    }
-    batch_rope_cos.upload_async(cos_rows.data(), cos_rows.size(), decode.stream);
-    batch_rope_sin.upload_async(sin_rows.data(), sin_rows.size(), decode.stream);
-    batch_ids.upload_async(batch.tokens.data(), batch.tokens.size(), decode.stream);
+    batch_rope_cos.upload(cos_rows.data(), cos_rows.size());
+    batch_rope_sin.upload(sin_rows.data(), sin_rows.size());
+    batch_ids.upload(batch.tokens.data(), batch.tokens.size());
     RaggedShape shape;
     shape.q_heads = config.num_heads;
     shape.kv_heads = config.num_kv_heads;
@@ -1755,8 +1672,6 @@ struct CudaTransformer::State {
       workspace = std::max(workspace, paged_decode_workspace_floats(shape, rows, splits));
     }
     grow(paged_workspace, workspace);
-
-    const OnLane on_lane(*this, decode);
 
     cuda::embedding(embedding.data(), batch_ids.data(), rows, w.hidden, hidden.data(), stream);
     for (int index = 0; index < config.num_layers; ++index) {
@@ -1779,14 +1694,11 @@ struct CudaTransformer::State {
     }
     rms_norm(hidden.data(), final_norm.data(), rows, w.hidden, config.rms_norm_eps, normed.data(),
              stream);
-    blas->linear(normed.data(), rows, w.hidden, head(), w.vocab, batch_logits.data());
+    blas.linear(normed.data(), rows, w.hidden, head(), w.vocab, batch_logits.data());
     check(cudaMemcpyAsync(host_logits, batch_logits.data(), sizeof(float) * rows * w.vocab,
                           cudaMemcpyDeviceToHost, stream),
           "logits download");
-  }
-
-  void wait_decode() {
-    if (decode_lane) check(cudaStreamSynchronize(decode_lane->stream), "batched decode");
+    check(cudaStreamSynchronize(stream), "batched decode");
   }
 };
 
@@ -1901,8 +1813,6 @@ void CudaTransformer::decode_paged(const PagedBatch& batch, float* logits) {
   state_->decode_paged(batch, logits);
 }
 void* CudaTransformer::stream() const { return state_->stream; }
-void* CudaTransformer::decode_stream() const { return state_->lane().stream; }
-void CudaTransformer::wait_decode() { state_->wait_decode(); }
 
 std::string CudaTransformer::device_name() const {
   int index = 0;

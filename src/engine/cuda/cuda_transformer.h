@@ -165,16 +165,11 @@ class CudaTransformer : public LanguageModel {
     void* pool_keys = nullptr;
     void* pool_values = nullptr;
   };
-  // Enqueues every row's token through the model over its paged caches, appending its key and
-  // value there, and the download of [rows][vocab] logits to host memory at `logits` (pinned
-  // memory downloads fastest), on decode_stream(): a stream of its own (highest priority, with its
-  // own activations), so that the step runs beside the resident prompt's slices. The logits and
-  // the pages are the step's once wait_decode() returns; the batch's device arrays must stay
-  // untouched until then (upload them on decode_stream()). Independent of the resident sequence.
+  // Runs every row's token through the model over its paged caches, appending its key and value
+  // there, and writes [rows][vocab] logits to host memory at `logits` (pinned memory downloads
+  // fastest). Independent of the resident sequence.
   void decode_paged(const PagedBatch& batch, float* logits);
-  void wait_decode();
-  void* stream() const;         // the cudaStream_t of everything but the batched decode
-  void* decode_stream() const;  // the batched decode's
+  void* stream() const;  // the cudaStream_t all of the model's work runs on
 
  private:
   struct State;
