@@ -215,6 +215,19 @@ TEST(AttentionConfig, MethodNamesParseAndPrint) {
   expect_error_naming([] { parse_decode_method("h2o"); }, "h2o");
 }
 
+TEST(AttentionConfig, MethodPairsNameThePerSegmentVariant) {
+  const AttentionConfig released = with_methods("entropy+latent", AttentionConfig{});
+  EXPECT_EQ(released.prefill, PrefillMethod::kEntropy);
+  EXPECT_FALSE(released.prefill_params.per_segment_rigid);
+  const AttentionConfig variant = with_methods("entropy-segment+latent", AttentionConfig{});
+  EXPECT_EQ(variant.prefill, PrefillMethod::kEntropy);
+  EXPECT_EQ(variant.decode, DecodeMethod::kLatent);
+  EXPECT_TRUE(variant.prefill_params.per_segment_rigid);
+  EXPECT_EQ(with_methods("critiprefill", AttentionConfig{}).decode, DecodeMethod::kFull);
+  expect_error_naming([] { with_methods("entropy-segments+latent", AttentionConfig{}); },
+                      "entropy-segments");
+}
+
 TEST(AttentionConfig, FactoriesBuildTheNamedPolicies) {
   AttentionConfig config;
   EXPECT_EQ(make_prefill_policy(config)->name(), "full");

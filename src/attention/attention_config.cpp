@@ -297,7 +297,13 @@ nlohmann::json attention_config_to_json(const AttentionConfig& config) {
 AttentionConfig with_methods(const std::string& text, const AttentionConfig& base) {
   AttentionConfig config = base;
   const size_t plus = text.find('+');
-  config.prefill = parse_prefill_method(text.substr(0, plus));
+  const std::string prefill = text.substr(0, plus);
+  if (prefill == kPerSegmentEntropyName) {
+    config.prefill = PrefillMethod::kEntropy;
+    config.prefill_params.per_segment_rigid = true;
+  } else {
+    config.prefill = parse_prefill_method(prefill);
+  }
   config.decode =
       plus == std::string::npos ? DecodeMethod::kFull : parse_decode_method(text.substr(plus + 1));
   config.validate();

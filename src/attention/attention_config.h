@@ -70,7 +70,10 @@ std::string prefill_method_name(PrefillMethod method);
 std::string decode_method_name(DecodeMethod method);
 
 // "prefill[+decode]" (e.g. "entropy+latent"; the decode method is full when left out) applied to
-// `base`, validated; Error naming the bad part.
+// `base`, validated; Error naming the bad part. The prefill may also be kPerSegmentEntropyName:
+// EntropyInfer's prefill with per_segment_rigid on, so that an evaluation ranks the variant
+// beside the released rule in one run.
+constexpr const char* kPerSegmentEntropyName = "entropy-segment";
 AttentionConfig with_methods(const std::string& text, const AttentionConfig& base);
 
 }  // namespace entropyinfer
