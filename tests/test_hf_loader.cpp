@@ -4,12 +4,15 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "engine/transformer.h"
 #include "model/model_weights.h"
 #include "safetensors_writer.h"
@@ -581,6 +584,193 @@ TEST(HfLoader, SixteenBitCheckpointsComputeTheLogitsOfTheirFp32Widening) {
     EXPECT_EQ(
         std::memcmp(stored_logits.data(), fp32_logits.data(), stored_logits.size() * sizeof(float)),
         0);
+  }
+}
+
+}  // namespace
+}  // namespace entropyinfer
+
+namespace entropyinfer {
+namespace {
+
+// The E4M3 code of a value it holds exactly (the tiny model's weights are chosen to be).
+char exact_e4m3(float value) {
+  for (int code = 0; code < 256; ++code) {
+    if (fp8_e4m3_to_f32(static_cast<uint8_t>(code)) == value) return static_cast<char>(code);
+  }
+  throw std::invalid_argument("no E4M3 code holds " + std::to_string(value));
+}
+
+std::vector<float> decode_f32(const std::string& bytes) {
+  std::vector<float> values(bytes.size() / 4);
+  std::memcpy(values.data(), bytes.data(), bytes.size());
+  return values;
+}
+
+struct Fp8Case {
+  std::string name;
+  json quantization_config;
+  bool per_channel = true;
+  std::string scale_dtype = "F32";
+  bool input_scales = false;
+  std::string expected_scheme;
+  bool drop_a_scale = false;  // layer 0's q_proj loses its scales
+};
+
+json compressed_tensors(const std::string& strategy, const json& input_activations) {
+  return {{"quant_method", "compressed-tensors"},
+          {"format", "float-quantized"},
+          {"ignore", {"lm_head"}},
+          {"config_groups",
+           {{"group_0",
+             {{"targets", {"Linear"}},
+              {"weights",
+               {{"num_bits", 8},
+                {"type", "float"},
+                {"strategy", strategy},
+                {"symmetric", true},
+                {"dynamic", false}}},
+              {"input_activations", input_activations}}}}}};
+}
+
+// A tiny model written in F32, then its projections re-stored as FP8 with scales: row r of a
+// per-channel matrix scaled by 2^-(8 + r % 2), so that every weight k/256 (|k| <= 16) is an exact
+// E4M3 value times its row's scale. Loading must give back exactly the F32 values.
+void write_fp8_model(const std::string& folder, const Fp8Case& c, TinyModel* model) {
+  TinyModelSpec spec;
+  spec.weight_steps = 16;
+  spec.config_overrides = {{"quantization_config", c.quantization_config}};
+  spec.edit_tensors = [&c](std::vector<TensorToWrite>& tensors) {
+    std::vector<TensorToWrite> added;
+    for (TensorToWrite& tensor : tensors) {
+      const std::string suffix = "_proj.weight";
+      if (tensor.name.size() < suffix.size() ||
+          tensor.name.compare(tensor.name.size() - suffix.size(), suffix.size(), suffix) != 0)
+        continue;
+      const std::vector<float> values = decode_f32(tensor.bytes);
+      const int64_t rows = tensor.shape[0], columns = tensor.shape[1];
+      std::vector<float> scales;
+      std::string codes;
+      for (int64_t row = 0; row < rows; ++row) {
+        const float scale = c.per_channel && row % 2 == 1 ? 0x1p-9f : 0x1p-8f;
+        if (c.per_channel || row == 0) scales.push_back(scale);
+        for (int64_t column = 0; column < columns; ++column)
+          codes.push_back(exact_e4m3(values[static_cast<size_t>(row * columns + column)] / scale));
+      }
+      tensor.dtype = "F8_E4M3";
+      tensor.bytes = codes;
+      if (c.drop_a_scale && tensor.name == "model.layers.0.self_attn.q_proj.weight") continue;
+      const std::vector<int64_t> scale_shape =
+          c.per_channel ? std::vector<int64_t>{rows, 1} : std::vector<int64_t>{1};
+      added.push_back({tensor.name + "_scale", c.scale_dtype, scale_shape,
+                       testing::encode_floats(scales, c.scale_dtype)});
+      if (c.input_scales) {
+        const std::string base = tensor.name.substr(0, tensor.name.size() - 6);
+        added.push_back({base + "input_scale", "F32", {1}, testing::encode_floats({0.5f}, "F32")});
+      }
+    }
+    tensors.insert(tensors.end(), added.begin(), added.end());
+  };
+  *model = testing::write_tiny_model(folder, spec);
+}
+
+TEST(HfLoaderFp8, CheckpointsOfEachFormatWidenToTheExactValues) {
+  const std::vector<Fp8Case> cases = {
+      {"compressed-tensors, channel scales, dynamic per-token activations",
+       compressed_tensors(
+           "channel",
+           {{"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"dynamic", true}}),
+       true, "BF16", false, "compressed-tensors (activations: dynamic per-token)"},
+      {"compressed-tensors, one scale per tensor, static activation scales",
+       compressed_tensors(
+           "tensor",
+           {{"num_bits", 8}, {"type", "float"}, {"strategy", "tensor"}, {"dynamic", false}}),
+       false, "F32", true, "compressed-tensors (activations: static per-tensor)"},
+      {"compressed-tensors, weights only", compressed_tensors("channel", nullptr), true, "F32",
+       false, "compressed-tensors (activations: none)"},
+      {"fbgemm_fp8",
+       {{"quant_method", "fbgemm_fp8"},
+        {"activation_scale_ub", 1200.0},
+        {"modules_to_not_convert", {"lm_head"}}},
+       true,
+       "F32",
+       false,
+       "fbgemm_fp8 (activations: dynamic per-token)"},
+  };
+  TempFolder reference_folder("hf-fp8-reference");
+  TinyModelSpec reference_spec;
+  reference_spec.weight_steps = 16;
+  const TinyModel reference = testing::write_tiny_model(reference_folder.path(), reference_spec);
+  const ModelWeights reference_weights = load_hf_model(reference_folder.path());
+  const std::vector<int32_t> tokens = {1, 5, 9, 3, 7};
+  const std::vector<float> reference_logits = Transformer(reference_weights).forward(tokens);
+  for (const Fp8Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    TempFolder folder("hf-fp8");
+    TinyModel model;
+    write_fp8_model(folder.path(), c, &model);
+    const ModelWeights weights = load_hf_model(folder.path());
+    EXPECT_EQ(weights.fp8_scheme, c.expected_scheme);
+    // The values a loader must produce are the F32 model's (the FP8 folder's own record holds
+    // the codes and scales it stored).
+    TinyModel widened = reference;
+    expect_weights_match(weights, widened, TensorDtype::kF32);
+    EXPECT_EQ(Transformer(weights).forward(tokens), reference_logits);
+  }
+}
+
+TEST(HfLoaderFp8, UnsupportedVariantsAreOneErrorNamingTheField) {
+  const json dynamic_tokens = {
+      {"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"dynamic", true}};
+  struct BadCase {
+    std::string name;
+    std::function<void(Fp8Case&)> edit;
+    std::vector<std::string> mentions;
+  };
+  const std::vector<BadCase> bad = {
+      {"block-wise fp8",
+       [](Fp8Case& c) {
+         c.quantization_config = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+       },
+       {"quantization_config.quant_method", "'fp8'", "block-wise"}},
+      {"unknown method",
+       [](Fp8Case& c) {
+         c.quantization_config = {{"quant_method", "gptq"}};
+       },
+       {"quantization_config.quant_method", "'gptq'"}},
+      {"4-bit weights",
+       [](Fp8Case& c) {
+         c.quantization_config["config_groups"]["group_0"]["weights"]["num_bits"] = 4;
+       },
+       {"config_groups.group_0.weights.num_bits", "4"}},
+      {"integer weights",
+       [](Fp8Case& c) {
+         c.quantization_config["config_groups"]["group_0"]["weights"]["type"] = "int";
+       },
+       {"config_groups.group_0.weights.type", "\"int\""}},
+      {"group scales",
+       [](Fp8Case& c) {
+         c.quantization_config["config_groups"]["group_0"]["weights"]["strategy"] = "group";
+       },
+       {"config_groups.group_0.weights.strategy", "\"group\""}},
+      {"no quantization_config",
+       [](Fp8Case& c) { c.quantization_config = nullptr; },
+       {"F8_E4M3", "no quantization_config", "q_proj.weight"}},
+      {"missing scales",
+       [](Fp8Case& c) { c.drop_a_scale = true; },
+       {"'model.layers.0.self_attn.q_proj.weight_scale'", "missing"}},
+  };
+  for (const BadCase& b : bad) {
+    SCOPED_TRACE(b.name);
+    Fp8Case c;
+    c.quantization_config = compressed_tensors("channel", dynamic_tokens);
+    b.edit(c);
+    TempFolder folder("hf-fp8-bad");
+    TinyModel model;
+    write_fp8_model(folder.path(), c, &model);
+    const std::string message = error_message_of([&] { load_hf_model(folder.path()); });
+    for (const std::string& part : b.mentions)
+      EXPECT_NE(message.find(part), std::string::npos) << part << " not in: " << message;
   }
 }
 

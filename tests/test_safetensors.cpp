@@ -1,5 +1,6 @@
 // The safetensors reader: round trips in each supported dtype, and one test per kind of corrupt
 // file, each asserting the message names the file and the tensor at fault.
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -272,12 +273,34 @@ TEST(SafetensorsErrors, UnknownDtypeI8) {
                    {folder.file("q.safetensors"), "'quantized'", "'I8'", "F32, BF16, F16"}));
 }
 
-TEST(SafetensorsErrors, UnknownDtypeF8) {
+TEST(SafetensorsErrors, UnknownDtypeF8E5M2) {
   TempFolder folder("st-f8");
   testing::write_safetensors(folder.file("f8.safetensors"),
-                             {{"fp8_weight", "F8_E4M3", {8}, std::string(8, '\0')}});
+                             {{"fp8_weight", "F8_E5M2", {8}, std::string(8, '\0')}});
   EXPECT_TRUE(mentions_all(open_error(folder.file("f8.safetensors")),
-                           {"'fp8_weight'", "'F8_E4M3'", "not supported"}));
+                           {"'fp8_weight'", "'F8_E5M2'", "not supported"}));
+}
+
+// FP8 E4M3 bytes are read as stored, one byte each; the OCP values of a few codes.
+TEST(Safetensors, F8E4M3TensorsReadAsStored) {
+  TempFolder folder("st-f8-e4m3");
+  const std::string bytes = {'\x38', '\xb8', '\x7e', '\x01', '\x08', '\x00', '\x80', '\x7f'};
+  testing::write_safetensors(folder.file("f8.safetensors"), {{"w", "F8_E4M3", {2, 4}, bytes}});
+  SafetensorsFile file(folder.file("f8.safetensors"));
+  const SafetensorsTensor& tensor = *file.find("w");
+  EXPECT_EQ(tensor.dtype, TensorDtype::kF8E4M3);
+  EXPECT_EQ(tensor.byte_size, 8u);
+  EXPECT_EQ(fp8_e4m3_to_f32(static_cast<uint8_t>(tensor.data[0])), 1.0f);
+  EXPECT_EQ(fp8_e4m3_to_f32(static_cast<uint8_t>(tensor.data[1])), -1.0f);
+  EXPECT_EQ(fp8_e4m3_to_f32(static_cast<uint8_t>(tensor.data[2])), 448.0f);   // the largest
+  EXPECT_EQ(fp8_e4m3_to_f32(static_cast<uint8_t>(tensor.data[3])), 0x1p-9f);  // least subnormal
+  EXPECT_EQ(fp8_e4m3_to_f32(static_cast<uint8_t>(tensor.data[4])), 0x1p-6f);  // least normal
+  EXPECT_EQ(fp8_e4m3_to_f32(static_cast<uint8_t>(tensor.data[5])), 0.0f);
+  EXPECT_TRUE(std::signbit(fp8_e4m3_to_f32(static_cast<uint8_t>(tensor.data[6]))));
+  EXPECT_TRUE(std::isnan(fp8_e4m3_to_f32(static_cast<uint8_t>(tensor.data[7]))));
+  EXPECT_EQ(fp8_e4m3_to_f32(0x57), 15.0f);  // 1.875 x 2^(10 - 7)
+  EXPECT_EQ(fp8_e4m3_to_f32(0x4f), 7.5f);   // 1.875 x 2^(9 - 7)
+  EXPECT_EQ(fp8_e4m3_to_f32(0x07), 7 * 0x1p-9f);
 }
 
 TEST(SafetensorsErrors, DuplicateTensorName) {

@@ -6,8 +6,10 @@
 
 namespace entropyinfer {
 
-// The element types this engine reads and computes with.
-enum class TensorDtype { kF32, kBF16, kF16 };
+// The element types this engine reads and computes with. kF8E4M3 (OCP FP8 E4M3, "F8_E4M3" in
+// safetensors) only as stored in a checkpoint: the loader widens such matrices with their scales,
+// so no weight view holds it.
+enum class TensorDtype { kF32, kBF16, kF16, kF8E4M3 };
 
 inline float bf16_to_f32(uint16_t bits) {
   uint32_t wide = static_cast<uint32_t>(bits) << 16;
@@ -51,6 +53,22 @@ inline float f16_to_f32(uint16_t bits) {
   float value;
   std::memcpy(&value, &out, sizeof(value));
   return value;
+}
+
+// OCP FP8 E4M3 (the "fn" variant PyTorch calls float8_e4m3fn): 1 sign, 4 exponent (bias 7) and 3
+// mantissa bits, subnormals below 2^-6, no infinities, S.1111.111 is NaN; 448 is the largest.
+inline float fp8_e4m3_to_f32(uint8_t bits) {
+  const int exponent = (bits >> 3) & 0xf;
+  const int mantissa = bits & 0x7;
+  float magnitude;
+  if (exponent == 0xf && mantissa == 0x7) {
+    magnitude = __builtin_nanf("");
+  } else if (exponent == 0) {
+    magnitude = static_cast<float>(mantissa) * 0x1p-9f;
+  } else {
+    magnitude = (1.0f + static_cast<float>(mantissa) / 8.0f) * __builtin_ldexpf(1.0f, exponent - 7);
+  }
+  return (bits & 0x80) != 0 ? -magnitude : magnitude;
 }
 
 }  // namespace entropyinfer

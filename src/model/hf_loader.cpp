@@ -226,6 +226,154 @@ std::unique_ptr<float[]> allocate_floats(int64_t count, const std::string& name)
   }
 }
 
+// What config.json's quantization_config says of FP8 weights. Matrices stored as F8_E4M3 are
+// widened at load to fp32, each element times its scale (per output channel or per tensor, from
+// the tensor's "<name>_scale" companion, e.g. q_proj.weight_scale), exactly as the formats
+// define dequantization. Activation scales (dynamic per token, or static input_scale tensors) are
+// recorded but not applied: the widened model computes with unquantized activations.
+struct Fp8Scheme {
+  bool on = false;
+  std::string method;       // "compressed-tensors" or "fbgemm_fp8"
+  std::string activations;  // "none", "dynamic per-token" or "static per-tensor"
+};
+
+std::string config_field(const std::string& path) {
+  return "config.json quantization_config." + path;
+}
+
+// The number at `object[key]`, or Error naming the field.
+const json& require(const json& object, const std::string& key, const std::string& path) {
+  if (!object.is_object() || !object.contains(key)) throw Error(config_field(path) + " is missing");
+  return object.at(key);
+}
+
+Fp8Scheme read_fp8_scheme(const fs::path& config_path) {
+  Fp8Scheme scheme;
+  const json config = json::parse(read_user_file(config_path.string(), "model config"));
+  if (!config.contains("quantization_config") || config.at("quantization_config").is_null())
+    return scheme;
+  const json& q = config.at("quantization_config");
+  if (!q.is_object()) throw Error(config_field("") + " is not an object");
+  const json& method = require(q, "quant_method", "quant_method");
+  if (!method.is_string()) throw Error(config_field("quant_method") + " is not a string");
+  scheme.method = method.get<std::string>();
+  scheme.on = true;
+  if (scheme.method == "fbgemm_fp8") {
+    // Per-channel weight scales, activations quantized per token at run time.
+    scheme.activations = "dynamic per-token";
+    return scheme;
+  }
+  if (scheme.method == "fp8") {
+    throw Error(config_field("quant_method") +
+                " 'fp8' (block-wise scales, weight_block_size) is not supported: FP8 checkpoints "
+                "of the compressed-tensors and fbgemm_fp8 formats are");
+  }
+  if (scheme.method != "compressed-tensors") {
+    throw Error(config_field("quant_method") + " '" + scheme.method +
+                "' is not supported (compressed-tensors and fbgemm_fp8 FP8 checkpoints are)");
+  }
+  if (q.contains("format")) {
+    const json& format = q.at("format");
+    if (!format.is_string() || (format != "float-quantized" && format != "naive-quantized")) {
+      throw Error(config_field("format") + " " + format.dump() +
+                  " is not supported (float-quantized or naive-quantized FP8 weights are)");
+    }
+  }
+  const json& groups = require(q, "config_groups", "config_groups");
+  if (!groups.is_object() || groups.empty())
+    throw Error(config_field("config_groups") + " holds no quantization group");
+  std::string activations;
+  for (const auto& [name, group] : groups.items()) {
+    const std::string where = "config_groups." + name;
+    const json& weights = require(group, "weights", where + ".weights");
+    const auto expect = [&](const json& object, const std::string& path, const char* key,
+                            const json& wanted) {
+      const json& value = require(object, key, path + "." + key);
+      if (value != wanted) {
+        throw Error(config_field(path + "." + key) + " is " + value.dump() + ": only " +
+                    wanted.dump() + " is supported (8-bit float weights, symmetric scales)");
+      }
+    };
+    expect(weights, where + ".weights", "num_bits", 8);
+    expect(weights, where + ".weights", "type", "float");
+    if (weights.contains("symmetric")) expect(weights, where + ".weights", "symmetric", true);
+    if (weights.contains("dynamic")) expect(weights, where + ".weights", "dynamic", false);
+    const json& strategy = require(weights, "strategy", where + ".weights.strategy");
+    if (strategy != "channel" && strategy != "tensor") {
+      throw Error(config_field(where + ".weights.strategy") + " " + strategy.dump() +
+                  " is not supported (channel or tensor weight scales are)");
+    }
+    std::string group_activations = "none";
+    if (group.contains("input_activations") && !group.at("input_activations").is_null()) {
+      const json& input = group.at("input_activations");
+      const std::string path = where + ".input_activations";
+      expect(input, path, "num_bits", 8);
+      expect(input, path, "type", "float");
+      const json& input_strategy = require(input, "strategy", path + ".strategy");
+      const bool dynamic = input.contains("dynamic") && input.at("dynamic") == true;
+      if (input_strategy == "token" && dynamic) {
+        group_activations = "dynamic per-token";
+      } else if (input_strategy == "tensor" && !dynamic) {
+        group_activations = "static per-tensor";
+      } else {
+        throw Error(config_field(path + ".strategy") + " " + input_strategy.dump() +
+                    (dynamic ? " (dynamic)" : " (static)") +
+                    " is not supported (dynamic per-token or static per-tensor activation "
+                    "scales are)");
+      }
+    }
+    if (!activations.empty() && activations != group_activations) {
+      throw Error(config_field("config_groups") +
+                  ": groups with different activation schemes are not supported");
+    }
+    activations = group_activations;
+  }
+  scheme.activations = activations;
+  return scheme;
+}
+
+// Scale values of an FP8 matrix of `rows` rows: one per row, or one for the whole tensor.
+std::vector<float> fp8_scales(const SafetensorsTensor& scale, int64_t rows,
+                              const std::string& weight_name, const std::string& where) {
+  const int64_t count = scale.numel();
+  const bool per_tensor = count == 1 && scale.shape.size() <= 2;
+  const bool per_channel = count == rows && (scale.shape == std::vector<int64_t>{rows} ||
+                                             scale.shape == std::vector<int64_t>{rows, 1});
+  if (!per_tensor && !per_channel) {
+    throw Error("tensor '" + scale.name + "' " + where + " has shape " + scale.shape_string() +
+                ": the scales of '" + weight_name +
+                "' must be one per tensor or one per each of "
+                "its " +
+                std::to_string(rows) + " rows (block-wise scales are not supported)");
+  }
+  std::vector<float> values(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    switch (scale.dtype) {
+      case TensorDtype::kF32:
+        std::memcpy(&values[static_cast<size_t>(i)], scale.data + 4 * i, 4);
+        break;
+      case TensorDtype::kBF16:
+      case TensorDtype::kF16: {
+        uint16_t bits;
+        std::memcpy(&bits, scale.data + 2 * i, 2);
+        values[static_cast<size_t>(i)] =
+            scale.dtype == TensorDtype::kBF16 ? bf16_to_f32(bits) : f16_to_f32(bits);
+        break;
+      }
+      case TensorDtype::kF8E4M3:
+        throw Error("tensor '" + scale.name + "' " + where +
+                    " is stored as F8_E4M3: scales must be F32, BF16 or F16");
+    }
+  }
+  return values;
+}
+
+// "x.weight" -> "x.weight_scale": where both FP8 formats keep a weight's scales.
+std::string scale_name_of(const std::string& weight_name) { return weight_name + "_scale"; }
+std::string input_scale_name_of(const std::string& weight_name) {
+  return weight_name.substr(0, weight_name.size() - std::string("weight").size()) + "input_scale";
+}
+
 template <float (*Convert)(uint16_t)>
 void widen_16bit(const uint8_t* source, float* destination, int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
@@ -257,6 +405,7 @@ ModelWeights load_hf_model(const std::string& folder_text, LoadProgress progress
   TensorCatalog catalog = open_weights(folder);
   const std::string weights_where = "in " + catalog.description;
 
+  const Fp8Scheme fp8 = read_fp8_scheme(config_path);
   std::vector<ExpectedTensor> expected = expected_tensors(weights);
   std::unordered_set<std::string> expected_names;
   std::vector<std::string> missing;
@@ -272,6 +421,29 @@ ModelWeights load_hf_model(const std::string& folder_text, LoadProgress progress
     throw Error(std::to_string(missing.size()) + " tensor(s) that config.json (" +
                 config.architecture + ", " + std::to_string(config.num_layers) +
                 " layers) calls for are missing " + weights_where + ": " + list_names(missing));
+  }
+
+  // An FP8 matrix brings its scales along; a checkpoint with static activation scales stores
+  // an input_scale beside each (read by the formats' FP8 products, not by the widened model).
+  for (const ExpectedTensor& tensor : expected) {
+    const SafetensorsTensor& stored = *catalog.by_name.at(tensor.name).tensor;
+    if (stored.dtype != TensorDtype::kF8E4M3) continue;
+    if (!fp8.on) {
+      throw Error("tensor '" + tensor.name + "' " + weights_where +
+                  " is stored as F8_E4M3, but config.json has no quantization_config to say how "
+                  "it is scaled");
+    }
+    if (stored.shape.size() != 2) {
+      throw Error("tensor '" + tensor.name + "' " + weights_where +
+                  " is stored as F8_E4M3: only matrices are quantized");
+    }
+    const std::string scale = scale_name_of(tensor.name);
+    if (!catalog.by_name.count(scale)) {
+      throw Error("tensor '" + tensor.name + "' " + weights_where + " is stored as F8_E4M3 (" +
+                  fp8.method + "), but its scales '" + scale + "' are missing");
+    }
+    expected_names.insert(scale);
+    expected_names.insert(input_scale_name_of(tensor.name));
   }
 
   std::vector<std::string> unexpected;
@@ -297,6 +469,7 @@ ModelWeights load_hf_model(const std::string& folder_text, LoadProgress progress
     }
     total_bytes += stored.byte_size;
   }
+  weights.fp8_scheme = fp8.on ? fp8.method + " (activations: " + fp8.activations + ")" : "";
 
   std::vector<bool> file_used(catalog.files.size(), false);
   size_t done_bytes = 0;
@@ -309,7 +482,24 @@ ModelWeights load_hf_model(const std::string& folder_text, LoadProgress progress
     target.shape = stored.shape;
     const size_t element_size = dtype_size(stored.dtype);
     const bool aligned = reinterpret_cast<uintptr_t>(stored.data) % element_size == 0;
-    if (aligned && (stored.shape.size() == 2 || stored.dtype == TensorDtype::kF32)) {
+    if (stored.dtype == TensorDtype::kF8E4M3) {
+      // Widened with its scales (checked above to be a matrix with scales).
+      const int64_t rows = stored.shape[0], columns = stored.shape[1];
+      const std::vector<float> scales = fp8_scales(
+          *catalog.by_name.at(scale_name_of(tensor.name)).tensor, rows, tensor.name, weights_where);
+      std::unique_ptr<float[]> buffer = allocate_floats(count, tensor.name);
+      for (int64_t row = 0; row < rows; ++row) {
+        const float scale = scales.size() == 1 ? scales[0] : scales[static_cast<size_t>(row)];
+        for (int64_t column = 0; column < columns; ++column) {
+          const int64_t i = row * columns + column;
+          buffer[static_cast<size_t>(i)] = fp8_e4m3_to_f32(stored.data[i]) * scale;
+        }
+      }
+      target.data = buffer.get();
+      target.dtype = TensorDtype::kF32;
+      weights.owned_bytes += static_cast<size_t>(count) * sizeof(float);
+      weights.owned_buffers.push_back(std::move(buffer));
+    } else if (aligned && (stored.shape.size() == 2 || stored.dtype == TensorDtype::kF32)) {
       // Matrices, and fp32 vectors, are used as stored, straight from the mapping.
       target.data = stored.data;
       target.dtype = stored.dtype;
@@ -336,6 +526,8 @@ ModelWeights load_hf_model(const std::string& folder_text, LoadProgress progress
         case TensorDtype::kF16:
           widen_16bit<f16_to_f32>(stored.data, buffer.get(), count);
           break;
+        case TensorDtype::kF8E4M3:  // refused above
+          throw Error("internal: an FP8 vector '" + tensor.name + "'");
       }
       target.data = buffer.get();
       target.dtype = TensorDtype::kF32;

@@ -23,6 +23,8 @@ float WeightView::value(int64_t index) const {
       std::memcpy(&bits, static_cast<const uint8_t*>(data) + 2 * index, sizeof(bits));
       return dtype == TensorDtype::kBF16 ? bf16_to_f32(bits) : f16_to_f32(bits);
     }
+    case TensorDtype::kF8E4M3:
+      throw Error("internal: an FP8 weight view (the loader widens FP8 matrices)");
   }
   return 0.0f;
 }

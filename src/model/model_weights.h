@@ -69,6 +69,9 @@ struct ModelWeights {
   // Owned storage, in float units whatever it holds (a 16-bit copy takes half as many floats).
   std::vector<std::unique_ptr<float[]>> owned_buffers;
 
+  // An FP8 checkpoint's format and activation scheme (its matrices were widened with their
+  // scales); empty otherwise.
+  std::string fp8_scheme;
   size_t owned_bytes = 0;   // copies: widened vectors, tensors stored where they cannot be read
   size_t mapped_bytes = 0;  // used in place
 };

@@ -27,6 +27,7 @@ constexpr DtypeEntry kDtypes[] = {
     {"F32", TensorDtype::kF32, 4},
     {"BF16", TensorDtype::kBF16, 2},
     {"F16", TensorDtype::kF16, 2},
+    {"F8_E4M3", TensorDtype::kF8E4M3, 1},
 };
 
 const DtypeEntry* find_dtype(const std::string& name) {

@@ -19,8 +19,8 @@
 
 namespace entropyinfer {
 
-// The safetensors name of an element type ("F32", "BF16", "F16"); any other dtype in a header is
-// rejected by name.
+// The safetensors name of an element type ("F32", "BF16", "F16", "F8_E4M3"); any other dtype in a
+// header is rejected by name.
 const char* dtype_name(TensorDtype dtype);
 size_t dtype_size(TensorDtype dtype);
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/error.h"
 #include "core/half.h"
 #include "engine/cuda/weight_upload.h"
 
@@ -47,6 +48,8 @@ void fill_range(const WeightView& view, size_t begin, size_t end, uint16_t* out)
         out[i - begin] = f32_to_bf16(f16_to_f32(bits));
       }
       return;
+    case TensorDtype::kF8E4M3:
+      throw Error("internal: an FP8 weight view (the loader widens FP8 matrices)");
   }
 }
 
