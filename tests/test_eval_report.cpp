@@ -262,6 +262,21 @@ EvalRun binary_run(const std::string& method, int n, int correct) {
   return run;
 }
 
+// One niah_single cell at 4k, 40 samples each: full at 90% (budget-free), entropy+latent at 85%,
+// full+streaming at 30%.
+EvalReport three_method_report() {
+  EvalReport report;
+  report.tasks = {"niah_single"};
+  report.lengths = {4096};
+  report.budgets = {512};
+  report.methods = {"full", "entropy+latent", "full+streaming"};
+  report.samples_per_cell = 40;
+  report.runs = {binary_run("full", 40, 36), binary_run("entropy+latent", 40, 34),
+                 binary_run("full+streaming", 40, 12)};
+  report.runs[0].budget = 0;
+  return report;
+}
+
 TEST(EvalIntervals, BootstrapIntervalsMatchTheBinomialAndAreReproducible) {
   // 360 of 400 right: the normal approximation's 95% half-width is 1.96 * sqrt(.9 * .1 / 400) =
   // 2.94 points; the percentile bootstrap of the same scores lands within half a point of it.
@@ -293,14 +308,7 @@ TEST(EvalIntervals, MethodsDifferOnlyWhereTheIntervalsSeparate) {
   EXPECT_EQ(compare_cells(full, far, "niah_single", 4096), 1);
   EXPECT_EQ(compare_cells(full, far, "vt", 4096), 0) << "no samples, no verdict";
 
-  EvalReport report;
-  report.tasks = {"niah_single"};
-  report.lengths = {4096};
-  report.budgets = {512};
-  report.methods = {"full", "entropy+latent", "full+streaming"};
-  report.samples_per_cell = 40;
-  report.runs = {full, close, far};
-  report.runs[0].budget = 0;
+  const EvalReport report = three_method_report();
   const std::string markdown = eval_report_markdown(report);
   EXPECT_NE(markdown.find("90.0 ["), std::string::npos) << markdown;
   EXPECT_NE(markdown.find("full+streaming worse (30.0 against 90.0)"), std::string::npos)
@@ -327,15 +335,7 @@ namespace {
 // Ranks follow the run intervals: a run is outranked only by runs whose interval lies wholly above
 // its own, so two the samples cannot tell apart share a rank.
 TEST(EvalRanking, RanksCountOnlyRunsBeyondTheIntervals) {
-  EvalReport report;
-  report.tasks = {"niah_single"};
-  report.lengths = {4096};
-  report.budgets = {512};
-  report.methods = {"full", "entropy+latent", "full+streaming"};
-  report.samples_per_cell = 40;
-  report.runs = {binary_run("full", 40, 36), binary_run("entropy+latent", 40, 34),
-                 binary_run("full+streaming", 40, 12)};
-  report.runs[0].budget = 0;
+  EvalReport report = three_method_report();
   for (EvalSampleResult& s : report.runs[2].samples) s.prefill_keys_fraction = 0.125;
   const std::vector<RankedRun> ranked = rank_runs(report, 512);
   ASSERT_EQ(ranked.size(), 3u);

@@ -359,18 +359,22 @@ AccuracyInterval run_interval(const EvalReport& report, const EvalRun& run) {
   return {at(0.025), at(0.975)};
 }
 
-double run_prefill_keys_percent(const EvalRun& run) {
+namespace {
+// The mean of one fraction over a run's samples, in percent; NaN without samples.
+double mean_percent(const EvalRun& run, double EvalSampleResult::*fraction) {
   if (run.samples.empty()) return kNaN;
   double sum = 0.0;
-  for (const EvalSampleResult& sample : run.samples) sum += sample.prefill_keys_fraction;
+  for (const EvalSampleResult& sample : run.samples) sum += sample.*fraction;
   return 100.0 * sum / static_cast<double>(run.samples.size());
+}
+}  // namespace
+
+double run_prefill_keys_percent(const EvalRun& run) {
+  return mean_percent(run, &EvalSampleResult::prefill_keys_fraction);
 }
 
 double run_cache_kept_percent(const EvalRun& run) {
-  if (run.samples.empty()) return kNaN;
-  double sum = 0.0;
-  for (const EvalSampleResult& sample : run.samples) sum += sample.cache_kept_fraction;
-  return 100.0 * sum / static_cast<double>(run.samples.size());
+  return mean_percent(run, &EvalSampleResult::cache_kept_fraction);
 }
 
 std::vector<RankedRun> rank_runs(const EvalReport& report, int budget) {
@@ -694,16 +698,14 @@ std::string markdown_tables(const EvalReport& report) {
           "| method | budget | samples | prefill keys (%) | cache kept (%) | seconds | "
           "s/sample |\n|---|---:|---:|---:|---:|---:|---:|\n";
   for (const EvalRun& run : report.runs) {
-    double keys = 0.0, kept = 0.0;
-    for (const EvalSampleResult& sample : run.samples) {
-      keys += sample.prefill_keys_fraction;
-      kept += sample.cache_kept_fraction;
-    }
+    // A run without samples shows zeros.
+    const bool none = run.samples.empty();
     const double count = static_cast<double>(std::max<size_t>(run.samples.size(), 1));
     char row[512];
     std::snprintf(row, sizeof(row), "| %s | %s | %zu | %.1f | %.1f | %.1f | %.2f |\n",
                   escape_cell(run.method).c_str(), budget_label(run).c_str(), run.samples.size(),
-                  100.0 * keys / count, 100.0 * kept / count, run.seconds, run.seconds / count);
+                  none ? 0.0 : run_prefill_keys_percent(run),
+                  none ? 0.0 : run_cache_kept_percent(run), run.seconds, run.seconds / count);
     text << row;
   }
   return text.str();

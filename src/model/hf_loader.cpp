@@ -241,7 +241,7 @@ std::string config_field(const std::string& path) {
   return "config.json quantization_config." + path;
 }
 
-// The number at `object[key]`, or Error naming the field.
+// The value at `object[key]`, or Error naming the field.
 const json& require(const json& object, const std::string& key, const std::string& path) {
   if (!object.is_object() || !object.contains(key)) throw Error(config_field(path) + " is missing");
   return object.at(key);
@@ -332,42 +332,6 @@ Fp8Scheme read_fp8_scheme(const fs::path& config_path) {
   return scheme;
 }
 
-// Scale values of an FP8 matrix of `rows` rows: one per row, or one for the whole tensor.
-std::vector<float> fp8_scales(const SafetensorsTensor& scale, int64_t rows,
-                              const std::string& weight_name, const std::string& where) {
-  const int64_t count = scale.numel();
-  const bool per_tensor = count == 1 && scale.shape.size() <= 2;
-  const bool per_channel = count == rows && (scale.shape == std::vector<int64_t>{rows} ||
-                                             scale.shape == std::vector<int64_t>{rows, 1});
-  if (!per_tensor && !per_channel) {
-    throw Error("tensor '" + scale.name + "' " + where + " has shape " + scale.shape_string() +
-                ": the scales of '" + weight_name +
-                "' must be one per tensor or one per each of "
-                "its " +
-                std::to_string(rows) + " rows (block-wise scales are not supported)");
-  }
-  std::vector<float> values(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) {
-    switch (scale.dtype) {
-      case TensorDtype::kF32:
-        std::memcpy(&values[static_cast<size_t>(i)], scale.data + 4 * i, 4);
-        break;
-      case TensorDtype::kBF16:
-      case TensorDtype::kF16: {
-        uint16_t bits;
-        std::memcpy(&bits, scale.data + 2 * i, 2);
-        values[static_cast<size_t>(i)] =
-            scale.dtype == TensorDtype::kBF16 ? bf16_to_f32(bits) : f16_to_f32(bits);
-        break;
-      }
-      case TensorDtype::kF8E4M3:
-        throw Error("tensor '" + scale.name + "' " + where +
-                    " is stored as F8_E4M3: scales must be F32, BF16 or F16");
-    }
-  }
-  return values;
-}
-
 // "x.weight" -> "x.weight_scale": where both FP8 formats keep a weight's scales.
 std::string scale_name_of(const std::string& weight_name) { return weight_name + "_scale"; }
 std::string input_scale_name_of(const std::string& weight_name) {
@@ -381,6 +345,46 @@ void widen_16bit(const uint8_t* source, float* destination, int64_t count) {
     std::memcpy(&bits, source + 2 * i, sizeof(bits));
     destination[i] = Convert(bits);
   }
+}
+
+// A tensor's values as fp32 into `out` (numel of them); false for an FP8 one, which needs its
+// scales.
+bool widen_to_f32(const SafetensorsTensor& tensor, float* out) {
+  switch (tensor.dtype) {
+    case TensorDtype::kF32:
+      std::memcpy(out, tensor.data, tensor.byte_size);
+      return true;
+    case TensorDtype::kBF16:
+      widen_16bit<bf16_to_f32>(tensor.data, out, tensor.numel());
+      return true;
+    case TensorDtype::kF16:
+      widen_16bit<f16_to_f32>(tensor.data, out, tensor.numel());
+      return true;
+    case TensorDtype::kF8E4M3:
+      return false;
+  }
+  return false;
+}
+
+// Scale values of an FP8 matrix of `rows` rows: one per row, or one for the whole tensor.
+std::vector<float> fp8_scales(const SafetensorsTensor& scale, int64_t rows,
+                              const std::string& weight_name, const std::string& where) {
+  const int64_t count = scale.numel();
+  const bool per_tensor = count == 1 && scale.shape.size() <= 2;
+  const bool per_channel = count == rows && (scale.shape == std::vector<int64_t>{rows} ||
+                                             scale.shape == std::vector<int64_t>{rows, 1});
+  if (!per_tensor && !per_channel) {
+    throw Error("tensor '" + scale.name + "' " + where + " has shape " + scale.shape_string() +
+                ": the scales of '" + weight_name +
+                "' must be one per tensor or one per each of its " + std::to_string(rows) +
+                " rows (block-wise scales are not supported)");
+  }
+  std::vector<float> values(static_cast<size_t>(count));
+  if (!widen_to_f32(scale, values.data())) {
+    throw Error("tensor '" + scale.name + "' " + where +
+                " is stored as F8_E4M3: scales must be F32, BF16 or F16");
+  }
+  return values;
 }
 
 }  // namespace
@@ -516,19 +520,8 @@ ModelWeights load_hf_model(const std::string& folder_text, LoadProgress progress
     } else {
       // 16-bit vectors (norms, biases) are widened to fp32, as are fp32 ones stored misaligned.
       std::unique_ptr<float[]> buffer = allocate_floats(count, tensor.name);
-      switch (stored.dtype) {
-        case TensorDtype::kF32:
-          std::memcpy(buffer.get(), stored.data, stored.byte_size);
-          break;
-        case TensorDtype::kBF16:
-          widen_16bit<bf16_to_f32>(stored.data, buffer.get(), count);
-          break;
-        case TensorDtype::kF16:
-          widen_16bit<f16_to_f32>(stored.data, buffer.get(), count);
-          break;
-        case TensorDtype::kF8E4M3:  // refused above
-          throw Error("internal: an FP8 vector '" + tensor.name + "'");
-      }
+      if (!widen_to_f32(stored, buffer.get()))  // FP8 vectors are refused above
+        throw Error("internal: an FP8 vector '" + tensor.name + "'");
       target.data = buffer.get();
       target.dtype = TensorDtype::kF32;
       weights.owned_bytes += static_cast<size_t>(count) * sizeof(float);
