@@ -144,6 +144,29 @@ TEST(Cli, InspectWritesPlansAndHeatmaps) {
       EXPECT_LE((block + 1) * 4, segment["segment"].get<int>() * 64);
   }
   EXPECT_TRUE(saw_sparse_segment);
+  // The summary counts agree with the segments written: estimates below e_t after each head's
+  // first segment, and the budgets summed.
+  const double threshold = plans["attention"]["prefill_params"]["entropy_threshold"].get<double>();
+  int64_t examined = 0, below = 0, budget = 0;
+  for (const nlohmann::json& layer : plans["layers"]) {
+    for (const nlohmann::json& layer_head : layer["heads"]) {
+      for (const nlohmann::json& segment : layer_head["segments"]) {
+        if (segment.contains("entropy") && segment["segment"].get<int>() >= 1) {
+          ++examined;
+          below += segment["entropy"].get<double>() < threshold ? 1 : 0;
+        }
+        if (segment.contains("budget_tokens")) budget += segment["budget_tokens"].get<int64_t>();
+      }
+    }
+  }
+  EXPECT_GT(examined, 0);
+  EXPECT_EQ(plans["segments_examined"].get<int64_t>(), examined);
+  EXPECT_EQ(plans["segments_below_threshold"].get<int64_t>(), below);
+  EXPECT_EQ(plans["budget_tokens"].get<int64_t>(), budget);
+  EXPECT_NE(result.out.find("segment estimates below e_t: " + std::to_string(below) + " of " +
+                            std::to_string(examined)),
+            std::string::npos)
+      << result.out;
   for (const char* name : {"/entropy.svg", "/budget.svg"}) {
     EXPECT_EQ(testing::read_file_bytes(out + name).rfind("<svg", 0), 0u) << name;
   }

@@ -88,6 +88,7 @@ void run_inspect(const InspectArgs& args) {
   entropy_map.values.assign(static_cast<size_t>(rows) * entropy_map.columns, blank);
   budget_map.values.assign(entropy_map.values.size(), blank);
   int rigid_heads = 0, classified_heads = 0;
+  int64_t segments_below = 0, examined_segments = 0, budget_tokens = 0;
   for (size_t layer = 0; layer < plans.size(); ++layer) {
     const LayerPrefillPlan& plan = plans[layer];
     nlohmann::json heads = nlohmann::json::array();
@@ -105,12 +106,18 @@ void run_inspect(const InspectArgs& args) {
         const size_t cell = (layer * config.num_kv_heads + head) * entropy_map.columns + segment;
         if (!plan.entropy.empty()) {
           entry["entropy"] = plan.entropy[row];
+          // Segment 0 is not examined by the rigid test.
+          if (segment >= 1) {
+            ++examined_segments;
+            if (plan.entropy[row] < attention.prefill_params.entropy_threshold) ++segments_below;
+          }
           // The method's +1e-9 inside the log makes a one-block distribution's entropy -1e-9; the
           // map shows it as the 0 it stands for (the JSON keeps the computed value).
           entropy_map.values[cell] = std::max(0.0, static_cast<double>(plan.entropy[row]));
         }
         if (!plan.budget_tokens.empty()) {
           entry["budget_tokens"] = plan.budget_tokens[row];
+          budget_tokens += plan.budget_tokens[row];
           budget_map.values[cell] = plan.budget_tokens[row];
         }
         const int32_t begin = plan.row_offsets.empty() ? 0 : plan.row_offsets[row];
@@ -147,6 +154,9 @@ void run_inspect(const InspectArgs& args) {
       {"block_size", attention.prefill_params.block_size},
       {"rigid_heads", rigid_heads},
       {"classified_heads", classified_heads},
+      {"segments_below_threshold", segments_below},
+      {"segments_examined", examined_segments},
+      {"budget_tokens", budget_tokens},
       {"fraction_of_full_attention_keys",
        work.prefill_keys_dense > 0
            ? static_cast<double>(work.prefill_keys_read) / work.prefill_keys_dense
@@ -161,6 +171,11 @@ void run_inspect(const InspectArgs& args) {
               attention.prefill_params.segment_size);
   std::printf("rigid heads: %d of %d classified (layer, KV head) pairs\n", rigid_heads,
               classified_heads);
+  std::printf(
+      "segment estimates below e_t: %lld of %lld (segments after the first); budget tokens, "
+      "summed over heads and segments: %lld\n",
+      static_cast<long long>(segments_below), static_cast<long long>(examined_segments),
+      static_cast<long long>(budget_tokens));
   std::printf("%s\n", describe_attention_work(attention, work).c_str());
   std::printf("wrote %s, %s, %s\n", (out / "plans.json").c_str(), (out / "entropy.svg").c_str(),
               (out / "budget.svg").c_str());
