@@ -666,7 +666,10 @@ void write_fp8_model(const std::string& folder, const Fp8Case& c, TinyModel* mod
                        testing::encode_floats(scales, c.scale_dtype)});
       if (c.input_scales) {
         const std::string base = tensor.name.substr(0, tensor.name.size() - 6);
-        added.push_back({base + "input_scale", "F32", {1}, testing::encode_floats({0.5f}, "F32")});
+        // k_proj's differs, so the fused q/k/v product must take the largest of the three.
+        const float input_scale = tensor.name.find("k_proj") != std::string::npos ? 0.75f : 0.5f;
+        added.push_back(
+            {base + "input_scale", "F32", {1}, testing::encode_floats({input_scale}, "F32")});
       }
     }
     tensors.insert(tensors.end(), added.begin(), added.end());
@@ -674,7 +677,10 @@ void write_fp8_model(const std::string& folder, const Fp8Case& c, TinyModel* mod
   *model = testing::write_tiny_model(folder, spec);
 }
 
-TEST(HfLoaderFp8, CheckpointsOfEachFormatWidenToTheExactValues) {
+// The projections stay FP8 as stored, each element meaning exactly its F32 original. Weights-only
+// checkpoints then compute exactly the F32 model; the others quantize every product's input
+// rows, which moves the logits a little, never a lot.
+TEST(HfLoaderFp8, CheckpointsOfEachFormatLoadAsStoredWithTheExactValues) {
   const std::vector<Fp8Case> cases = {
       {"compressed-tensors, channel scales, dynamic per-token activations",
        compressed_tensors(
@@ -695,7 +701,7 @@ TEST(HfLoaderFp8, CheckpointsOfEachFormatWidenToTheExactValues) {
        true,
        "F32",
        false,
-       "fbgemm_fp8 (activations: dynamic per-token)"},
+       "fbgemm_fp8 (activations: dynamic per-token, bound 1200.000000)"},
   };
   TempFolder reference_folder("hf-fp8-reference");
   TinyModelSpec reference_spec;
@@ -704,6 +710,8 @@ TEST(HfLoaderFp8, CheckpointsOfEachFormatWidenToTheExactValues) {
   const ModelWeights reference_weights = load_hf_model(reference_folder.path());
   const std::vector<int32_t> tokens = {1, 5, 9, 3, 7};
   const std::vector<float> reference_logits = Transformer(reference_weights).forward(tokens);
+  float largest = 0.0f;
+  for (float logit : reference_logits) largest = std::max(largest, std::fabs(logit));
   for (const Fp8Case& c : cases) {
     SCOPED_TRACE(c.name);
     TempFolder folder("hf-fp8");
@@ -711,11 +719,35 @@ TEST(HfLoaderFp8, CheckpointsOfEachFormatWidenToTheExactValues) {
     write_fp8_model(folder.path(), c, &model);
     const ModelWeights weights = load_hf_model(folder.path());
     EXPECT_EQ(weights.fp8_scheme, c.expected_scheme);
-    // The values a loader must produce are the F32 model's (the FP8 folder's own record holds
-    // the codes and scales it stored).
-    TinyModel widened = reference;
-    expect_weights_match(weights, widened, TensorDtype::kF32);
-    EXPECT_EQ(Transformer(weights).forward(tokens), reference_logits);
+    for (const auto& [name, view] : named_views(weights)) {
+      const auto written_values = reference.values.find(name);
+      if (written_values == reference.values.end() || view == &weights.lm_head) continue;
+      const bool projection = name.find("_proj.weight") != std::string::npos;
+      EXPECT_EQ(view->dtype, projection ? TensorDtype::kF8E4M3 : TensorDtype::kF32) << name;
+      ASSERT_FALSE(view->empty()) << name;
+      const std::vector<float>& written = written_values->second;
+      std::vector<float> loaded(written.size());
+      for (size_t i = 0; i < loaded.size(); ++i) loaded[i] = view->value(static_cast<int64_t>(i));
+      EXPECT_EQ(std::memcmp(loaded.data(), written.data(), loaded.size() * 4), 0) << name;
+      if (c.input_scales && projection) {
+        const bool fused_with_k = name.find("q_proj") != std::string::npos ||
+                                  name.find("k_proj") != std::string::npos ||
+                                  name.find("v_proj") != std::string::npos;
+        EXPECT_EQ(view->input_scale, fused_with_k ? 0.75f : 0.5f) << name;
+      }
+    }
+    const std::vector<float> logits = Transformer(weights).forward(tokens);
+    ASSERT_EQ(logits.size(), reference_logits.size());
+    if (c.quantization_config.dump().find("\"input_activations\":null") != std::string::npos) {
+      EXPECT_EQ(logits, reference_logits);
+      continue;
+    }
+    // Quantized inputs: every logit within 5% of the largest, and not all equal to the F32 ones.
+    float deviation = 0.0f;
+    for (size_t i = 0; i < logits.size(); ++i)
+      deviation = std::max(deviation, std::fabs(logits[i] - reference_logits[i]));
+    EXPECT_LT(deviation, 0.05f * largest);
+    EXPECT_GT(deviation, 0.0f) << "the inputs were not quantized";
   }
 }
 

@@ -27,7 +27,14 @@ constexpr int64_t kChunkTokens = 256;
 // decoding does not reallocate at every token.
 constexpr int kCacheHeadroom = 256;
 
-cpu::WeightMatrix matrix(const WeightView& view) { return {view.data, view.dtype}; }
+cpu::WeightMatrix matrix(const WeightView& view) {
+  cpu::WeightMatrix matrix(view.data, view.dtype);
+  matrix.scales = view.scales;
+  matrix.scale_count = view.scale_count;
+  matrix.activations = view.activations;
+  matrix.input_scale = view.input_scale;
+  return matrix;
+}
 
 int64_t round_up(int64_t rows, int64_t multiple) {
   return (rows + multiple - 1) / multiple * multiple;

@@ -4,6 +4,7 @@
 // used, so a folder whose files disagree ends in one Error naming the tensor, not in a wrong answer
 // later.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -226,15 +228,13 @@ std::unique_ptr<float[]> allocate_floats(int64_t count, const std::string& name)
   }
 }
 
-// What config.json's quantization_config says of FP8 weights. Matrices stored as F8_E4M3 are
-// widened at load to fp32, each element times its scale (per output channel or per tensor, from
-// the tensor's "<name>_scale" companion, e.g. q_proj.weight_scale), exactly as the formats
-// define dequantization. Activation scales (dynamic per token, or static input_scale tensors) are
-// recorded but not applied: the widened model computes with unquantized activations.
+// What config.json's quantization_config says of FP8 weights. Matrices stored as F8_E4M3 stay as
+// stored, with their scales (per output channel or per tensor, from the tensor's "<name>_scale"
+// companion, e.g. q_proj.weight_scale); products quantize their inputs as `activations` says.
 struct Fp8Scheme {
   bool on = false;
-  std::string method;       // "compressed-tensors" or "fbgemm_fp8"
-  std::string activations;  // "none", "dynamic per-token" or "static per-tensor"
+  std::string method;  // "compressed-tensors" or "fbgemm_fp8"
+  Fp8Activations activations;
 };
 
 std::string config_field(const std::string& path) {
@@ -259,8 +259,17 @@ Fp8Scheme read_fp8_scheme(const fs::path& config_path) {
   scheme.method = method.get<std::string>();
   scheme.on = true;
   if (scheme.method == "fbgemm_fp8") {
-    // Per-channel weight scales, activations quantized per token at run time.
-    scheme.activations = "dynamic per-token";
+    // Per-channel weight scales, activations quantized per token at run time, each row's largest
+    // magnitude bounded by activation_scale_ub when it is given.
+    scheme.activations.kind = Fp8Activations::Kind::kDynamicPerToken;
+    if (q.contains("activation_scale_ub") && !q.at("activation_scale_ub").is_null()) {
+      const json& bound = q.at("activation_scale_ub");
+      if (!bound.is_number() || !(bound.get<double>() > 0) || !std::isfinite(bound.get<double>())) {
+        throw Error(config_field("activation_scale_ub") + " " + bound.dump() +
+                    " is not a positive number");
+      }
+      scheme.activations.upper_bound = bound.get<float>();
+    }
     return scheme;
   }
   if (scheme.method == "fp8") {
@@ -282,7 +291,7 @@ Fp8Scheme read_fp8_scheme(const fs::path& config_path) {
   const json& groups = require(q, "config_groups", "config_groups");
   if (!groups.is_object() || groups.empty())
     throw Error(config_field("config_groups") + " holds no quantization group");
-  std::string activations;
+  std::optional<Fp8Activations::Kind> activations;
   for (const auto& [name, group] : groups.items()) {
     const std::string where = "config_groups." + name;
     const json& weights = require(group, "weights", where + ".weights");
@@ -303,7 +312,7 @@ Fp8Scheme read_fp8_scheme(const fs::path& config_path) {
       throw Error(config_field(where + ".weights.strategy") + " " + strategy.dump() +
                   " is not supported (channel or tensor weight scales are)");
     }
-    std::string group_activations = "none";
+    Fp8Activations::Kind group_activations = Fp8Activations::Kind::kNone;
     if (group.contains("input_activations") && !group.at("input_activations").is_null()) {
       const json& input = group.at("input_activations");
       const std::string path = where + ".input_activations";
@@ -312,9 +321,9 @@ Fp8Scheme read_fp8_scheme(const fs::path& config_path) {
       const json& input_strategy = require(input, "strategy", path + ".strategy");
       const bool dynamic = input.contains("dynamic") && input.at("dynamic") == true;
       if (input_strategy == "token" && dynamic) {
-        group_activations = "dynamic per-token";
+        group_activations = Fp8Activations::Kind::kDynamicPerToken;
       } else if (input_strategy == "tensor" && !dynamic) {
-        group_activations = "static per-tensor";
+        group_activations = Fp8Activations::Kind::kStaticPerTensor;
       } else {
         throw Error(config_field(path + ".strategy") + " " + input_strategy.dump() +
                     (dynamic ? " (dynamic)" : " (static)") +
@@ -322,13 +331,13 @@ Fp8Scheme read_fp8_scheme(const fs::path& config_path) {
                     "scales are)");
       }
     }
-    if (!activations.empty() && activations != group_activations) {
+    if (activations && *activations != group_activations) {
       throw Error(config_field("config_groups") +
                   ": groups with different activation schemes are not supported");
     }
     activations = group_activations;
   }
-  scheme.activations = activations;
+  scheme.activations.kind = *activations;
   return scheme;
 }
 
@@ -385,6 +394,46 @@ std::vector<float> fp8_scales(const SafetensorsTensor& scale, int64_t rows,
                 " is stored as F8_E4M3: scales must be F32, BF16 or F16");
   }
   return values;
+}
+
+// A static activation scale: the one value of `name`, positive and finite.
+float static_input_scale(const TensorCatalog& catalog, const std::string& name,
+                         const std::string& weight_name, const std::string& where) {
+  const auto found = catalog.by_name.find(name);
+  if (found == catalog.by_name.end()) {
+    throw Error("tensor '" + weight_name + "' " + where +
+                " has static per-tensor activation scales (quantization_config), but its "
+                "activation scale '" +
+                name + "' is missing");
+  }
+  const SafetensorsTensor& tensor = *found->second.tensor;
+  float value = 0.0f;
+  if (tensor.numel() != 1 || !widen_to_f32(tensor, &value)) {
+    throw Error("tensor '" + name + "' " + where + " has shape " + tensor.shape_string() +
+                " and type " + dtype_name(tensor.dtype) +
+                ": an activation scale is one F32, BF16 or F16 value");
+  }
+  if (!(value > 0.0f) || !std::isfinite(value)) {
+    throw Error("tensor '" + name + "' " + where + " holds " + std::to_string(value) +
+                ": an activation scale must be positive and finite");
+  }
+  return value;
+}
+
+// Products the engine fuses (q/k/v, gate/up) read one quantized input, so with static activation
+// scales each part uses the largest of the parts' scales, as vLLM does; the CPU reference applies
+// the same rule, so both executors compute one thing.
+void share_fused_input_scales(ModelWeights& weights) {
+  for (LayerWeights& layer : weights.layers) {
+    for (auto group : {std::vector<WeightView*>{&layer.q_proj, &layer.k_proj, &layer.v_proj},
+                       std::vector<WeightView*>{&layer.gate_proj, &layer.up_proj}}) {
+      float largest = 0.0f;
+      for (const WeightView* part : group) largest = std::max(largest, part->input_scale);
+      for (WeightView* part : group) {
+        if (part->fp8()) part->input_scale = largest;
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -473,7 +522,8 @@ ModelWeights load_hf_model(const std::string& folder_text, LoadProgress progress
     }
     total_bytes += stored.byte_size;
   }
-  weights.fp8_scheme = fp8.on ? fp8.method + " (activations: " + fp8.activations + ")" : "";
+  weights.fp8_scheme =
+      fp8.on ? fp8.method + " (activations: " + fp8.activations.describe() + ")" : "";
 
   std::vector<bool> file_used(catalog.files.size(), false);
   size_t done_bytes = 0;
@@ -486,8 +536,9 @@ ModelWeights load_hf_model(const std::string& folder_text, LoadProgress progress
     target.shape = stored.shape;
     const size_t element_size = dtype_size(stored.dtype);
     const bool aligned = reinterpret_cast<uintptr_t>(stored.data) % element_size == 0;
-    if (stored.dtype == TensorDtype::kF8E4M3) {
-      // Widened with its scales (checked above to be a matrix with scales).
+    const bool layer_matrix = &target != &weights.token_embedding && &target != &weights.lm_head;
+    if (stored.dtype == TensorDtype::kF8E4M3 && !layer_matrix) {
+      // The embedding and the classifier run unquantized: widened with their scales.
       const int64_t rows = stored.shape[0], columns = stored.shape[1];
       const std::vector<float> scales = fp8_scales(
           *catalog.by_name.at(scale_name_of(tensor.name)).tensor, rows, tensor.name, weights_where);
@@ -503,6 +554,28 @@ ModelWeights load_hf_model(const std::string& folder_text, LoadProgress progress
       target.dtype = TensorDtype::kF32;
       weights.owned_bytes += static_cast<size_t>(count) * sizeof(float);
       weights.owned_buffers.push_back(std::move(buffer));
+    } else if (stored.dtype == TensorDtype::kF8E4M3) {
+      // Codes used as stored (checked above to be a matrix with scales); the scales, and a static
+      // activation scale, widened beside them.
+      const std::vector<float> scales =
+          fp8_scales(*catalog.by_name.at(scale_name_of(tensor.name)).tensor, stored.shape[0],
+                     tensor.name, weights_where);
+      std::unique_ptr<float[]> scale_buffer =
+          allocate_floats(static_cast<int64_t>(scales.size()), scale_name_of(tensor.name));
+      std::copy(scales.begin(), scales.end(), scale_buffer.get());
+      target.data = stored.data;
+      target.dtype = TensorDtype::kF8E4M3;
+      target.scales = scale_buffer.get();
+      target.scale_count = static_cast<int64_t>(scales.size());
+      target.activations = fp8.activations;
+      weights.owned_bytes += scales.size() * sizeof(float);
+      weights.owned_buffers.push_back(std::move(scale_buffer));
+      if (fp8.activations.kind == Fp8Activations::Kind::kStaticPerTensor) {
+        target.input_scale = static_input_scale(catalog, input_scale_name_of(tensor.name),
+                                                tensor.name, weights_where);
+      }
+      file_used[source.file_index] = true;
+      weights.mapped_bytes += stored.byte_size;
     } else if (aligned && (stored.shape.size() == 2 || stored.dtype == TensorDtype::kF32)) {
       // Matrices, and fp32 vectors, are used as stored, straight from the mapping.
       target.data = stored.data;
@@ -531,6 +604,8 @@ ModelWeights load_hf_model(const std::string& folder_text, LoadProgress progress
     if (progress != nullptr) progress(done_bytes, total_bytes, progress_user);
   }
   if (config.tied_embeddings) weights.lm_head = weights.token_embedding;
+  if (fp8.activations.kind == Fp8Activations::Kind::kStaticPerTensor)
+    share_fused_input_scales(weights);
 
   // Only files that views point into stay mapped; the rest were fully copied into owned buffers.
   for (size_t i = 0; i < catalog.files.size(); ++i) {

@@ -8,7 +8,7 @@ namespace entropyinfer {
 
 const float* WeightView::floats() const {
   if (data != nullptr && dtype != TensorDtype::kF32) {
-    throw Error("internal: a 16-bit weight matrix was read as fp32");
+    throw Error("internal: a 16-bit or FP8 weight matrix was read as fp32");
   }
   return static_cast<const float*>(data);
 }
@@ -24,7 +24,8 @@ float WeightView::value(int64_t index) const {
       return dtype == TensorDtype::kBF16 ? bf16_to_f32(bits) : f16_to_f32(bits);
     }
     case TensorDtype::kF8E4M3:
-      throw Error("internal: an FP8 weight view (the loader widens FP8 matrices)");
+      return fp8_e4m3_to_f32(static_cast<const uint8_t*>(data)[index]) *
+             row_scale(index / shape.at(1));
   }
   return 0.0f;
 }

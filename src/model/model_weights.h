@@ -1,8 +1,9 @@
 // Weights of one model, row-major, each matrix [out_features, in_features] as in PyTorch's
-// nn.Linear. Matrices keep the element type they are stored in (fp32, bf16 or f16) and are used in
-// place from the memory map, so a 16 GB bf16 checkpoint costs no host memory beyond the page cache;
-// the CPU computes with them as they are and the GPU upload streams them from the mapping. Vectors
-// (norms, biases) are always fp32, widened at load time: they are a few kilobytes per layer.
+// nn.Linear. Matrices keep the element type they are stored in (fp32, bf16, f16, or FP8 E4M3 with
+// its scales) and are used in place from the memory map, so a 16 GB bf16 checkpoint costs no host
+// memory beyond the page cache; the CPU computes with them as they are and the GPU upload streams
+// them from the mapping. Vectors (norms, biases, FP8 scales) are always fp32, widened at load
+// time: they are a few kilobytes per layer.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fp8.h"
 #include "core/half.h"
 #include "core/mapped_file.h"
 #include "model/model_config.h"
@@ -20,6 +22,13 @@ struct WeightView {
   const void* data = nullptr;
   TensorDtype dtype = TensorDtype::kF32;
   std::vector<int64_t> shape;
+  // FP8 matrices (dtype kF8E4M3): element (r, c) means code(r, c) * scales[r], or * scales[0]
+  // when scale_count is 1. The product quantizes its input rows as `activations` says, with
+  // input_scale as the static scale (0 unless activations are static per-tensor).
+  const float* scales = nullptr;
+  int64_t scale_count = 0;
+  Fp8Activations activations;
+  float input_scale = 0.0f;
 
   WeightView() = default;
   WeightView(const float* values, std::vector<int64_t> extents)
@@ -34,8 +43,11 @@ struct WeightView {
     return shape.empty() ? 0 : count;
   }
   size_t byte_size() const {
-    return static_cast<size_t>(numel()) * (dtype == TensorDtype::kF32 ? 4 : 2);
+    const size_t element = dtype == TensorDtype::kF32 ? 4 : dtype == TensorDtype::kF8E4M3 ? 1 : 2;
+    return static_cast<size_t>(numel()) * element;
   }
+  bool fp8() const { return dtype == TensorDtype::kF8E4M3; }
+  float row_scale(int64_t row) const { return scales[scale_count == 1 ? 0 : row]; }
   // The values of an fp32 view (every vector is one); null when empty. Asking a 16-bit matrix
   // for floats is a programming error and throws.
   const float* floats() const;
@@ -69,8 +81,8 @@ struct ModelWeights {
   // Owned storage, in float units whatever it holds (a 16-bit copy takes half as many floats).
   std::vector<std::unique_ptr<float[]>> owned_buffers;
 
-  // An FP8 checkpoint's format and activation scheme (its matrices were widened with their
-  // scales); empty otherwise.
+  // An FP8 model's format and activation scheme (a checkpoint's quantization_config, or
+  // quantization at load); empty otherwise.
   std::string fp8_scheme;
   size_t owned_bytes = 0;   // copies: widened vectors, tensors stored where they cannot be read
   size_t mapped_bytes = 0;  // used in place

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
 #include <cmath>
@@ -157,8 +158,74 @@ ENTROPYINFER_SIMD_CLONES void linear_chunk_f16(const float* x, int64_t tokens, i
 
 }  // namespace
 
+namespace {
+
+// Every E4M3 code's value, for widening rows.
+const float* fp8_values() {
+  static const auto table = [] {
+    std::array<float, 256> values{};
+    for (int code = 0; code < 256; ++code)
+      values[code] = fp8_e4m3_to_f32(static_cast<uint8_t>(code));
+    return values;
+  }();
+  return table.data();
+}
+
+void linear_fp8(const float* x, int64_t tokens, int64_t in, const WeightMatrix& w,
+                const float* bias, int64_t out, float* y) {
+  std::vector<float> quantized;
+  if (w.activations.kind != Fp8Activations::Kind::kNone) {
+    quantized.resize(static_cast<size_t>(tokens * in));
+    fp8_quantize_rows(x, tokens, in, w.activations, w.input_scale, quantized.data());
+    x = quantized.data();
+  }
+  const float* values = fp8_values();
+  const auto* codes = static_cast<const uint8_t*>(w.data);
+  // Rows are widened a chunk at a time into fp32 and multiplied there.
+  const int64_t row_chunk = std::max<int64_t>(4, (1 << 16) / std::max<int64_t>(in, 1));
+  const int64_t chunks = (out + row_chunk - 1) / row_chunk;
+#pragma omp parallel for schedule(static) if (tokens * in * out > (1 << 16))
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int64_t row_begin = chunk * row_chunk;
+    const int64_t rows = std::min(out, row_begin + row_chunk) - row_begin;
+    std::vector<float> widened(static_cast<size_t>(rows * in));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t row = row_begin + r;
+      const float scale = w.scales[w.scale_count == 1 ? 0 : row];
+      const uint8_t* source = codes + row * in;
+      float* target = widened.data() + r * in;
+      for (int64_t k = 0; k < in; ++k) target[k] = values[source[k]] * scale;
+    }
+    linear_chunk_f32(x, tokens, in, widened.data(), bias != nullptr ? bias + row_begin : nullptr,
+                     out, y + row_begin, 0, rows);
+  }
+}
+
+}  // namespace
+
+void fp8_quantize_rows(const float* x, int64_t rows, int64_t width, const Fp8Activations& scheme,
+                       float static_scale, float* out) {
+  if (scheme.kind == Fp8Activations::Kind::kNone) {
+    if (out != x) std::memcpy(out, x, sizeof(float) * static_cast<size_t>(rows * width));
+    return;
+  }
+#pragma omp parallel for schedule(static) if (rows > 16)
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* in_row = x + row * width;
+    float* out_row = out + row * width;
+    float scale = static_scale;
+    if (scheme.kind == Fp8Activations::Kind::kDynamicPerToken) {
+      float amax = 0.0f;
+      for (int64_t i = 0; i < width; ++i) amax = std::max(amax, std::fabs(in_row[i]));
+      scale = fp8_dynamic_scale(amax, scheme.upper_bound);
+    }
+    for (int64_t i = 0; i < width; ++i) out_row[i] = fp8_round_trip(in_row[i], scale);
+  }
+}
+
 void linear(const float* x, int64_t tokens, int64_t in, WeightMatrix w, const float* bias,
             int64_t out, float* y) {
+  if (w.dtype == TensorDtype::kF8E4M3) return linear_fp8(x, tokens, in, w, bias, out, y);
   auto* chunk_of_rows = w.dtype == TensorDtype::kF32    ? &linear_chunk_f32
                         : w.dtype == TensorDtype::kBF16 ? &linear_chunk_bf16
                                                         : &linear_chunk_f16;

@@ -6,25 +6,43 @@
 #include <cstdint>
 #include <span>
 
+#include "core/fp8.h"
 #include "core/half.h"
 
 namespace entropyinfer::cpu {
 
 // A weight matrix as the checkpoint stores it: [out, in] row-major elements of `dtype`.
 struct WeightMatrix {
+  WeightMatrix() = default;
+  WeightMatrix(const void* values, TensorDtype type) : data(values), dtype(type) {}
+
   const void* data = nullptr;
   TensorDtype dtype = TensorDtype::kF32;
+  // FP8 (kF8E4M3): element (o, k) is code(o, k) * scales[o] (scales[0] when scale_count is 1), and
+  // the product first quantizes each input row as `activations` says (core/fp8.h), with
+  // input_scale as the static scale.
+  const float* scales = nullptr;
+  int64_t scale_count = 0;
+  Fp8Activations activations;
+  float input_scale = 0.0f;
 };
 
 // y[t][o] = sum_k x[t][k] * w[o][k] (+ bias[o]); x is [tokens, in], w is [out, in] (nn.Linear
 // layout), y is [tokens, out]. bias may be null. 16-bit weights are read as stored and widened in
-// registers; sums are fp32 either way.
+// registers; FP8 ones are widened with their scales a few rows at a time, after x is quantized as
+// the matrix says; sums are fp32 either way.
 void linear(const float* x, int64_t tokens, int64_t in, WeightMatrix w, const float* bias,
             int64_t out, float* y);
 inline void linear(const float* x, int64_t tokens, int64_t in, const float* w, const float* bias,
                    int64_t out, float* y) {
   linear(x, tokens, in, WeightMatrix{w, TensorDtype::kF32}, bias, out, y);
 }
+
+// Each row of x ([rows, width]) as an FP8 product's input sees it: quantized with its row's scale
+// (dynamic) or `static_scale`, and back, into out (may alias x). Rows are left as they are for
+// Kind::kNone.
+void fp8_quantize_rows(const float* x, int64_t rows, int64_t width, const Fp8Activations& scheme,
+                       float static_scale, float* out);
 
 // out[t] = x[t] / rms(x[t]) * weight, rows of `size`; out may alias x.
 void rms_norm(const float* x, const float* weight, int64_t rows, int64_t size, float eps,
