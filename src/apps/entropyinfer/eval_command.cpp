@@ -456,7 +456,7 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
 
   const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(args.model);
   const eval::RulerSources sources = eval::load_ruler_sources(args.model, text_dir, words);
-  ModelWeights weights = load_model_with_progress(args.model);
+  ModelWeights weights = args.run.load(args.model);
   const int longest = lengths.back();
   if (longest > weights.config.max_position_embeddings) {
     throw Error("--lengths: " + std::to_string(longest) + " tokens exceed the model's " +

@@ -58,7 +58,7 @@ void run_generate(const GenerateArgs& args) {
   const AttentionConfig attention = args.attention.resolve();
   const std::string prompt_text = read_prompt(args.prompt, args.prompt_file);
   const auto load_start = std::chrono::steady_clock::now();
-  ModelWeights weights = load_model_with_progress(args.model);
+  ModelWeights weights = args.device.load(args.model);
   const ModelConfig model_config = weights.config;
   std::unique_ptr<Tokenizer> tokenizer = find_tokenizer(args.model, args.tokenizer);
 

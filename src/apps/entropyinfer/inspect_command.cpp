@@ -45,7 +45,7 @@ void run_inspect(const InspectArgs& args) {
   // Before the prefill, which can take minutes: an output path that cannot be written is refused
   // now.
   prepare_output_folder(args.out_dir, "output folder");
-  ModelWeights weights = load_model_with_progress(args.model);
+  ModelWeights weights = args.device.load(args.model);
   std::unique_ptr<Tokenizer> tokenizer = find_tokenizer(args.model, args.tokenizer);
   EncodeOptions encode;
   encode.add_bos = true;

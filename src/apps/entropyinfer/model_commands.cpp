@@ -10,9 +10,11 @@
 #include <set>
 #include <stdexcept>
 
+#include "apps/entropyinfer/cli_common.h"
 #include "core/error.h"
 #include "core/json_reader.h"
 #include "core/user_file.h"
+#include "model/quantize_weights.h"
 
 namespace entropyinfer::cli {
 namespace {
@@ -42,6 +44,18 @@ void DeviceFlags::add_to(CLI::App* command) {
   command->add_option("--chunk", chunk_tokens, "cuda: prompt tokens per matrix-product pass")
       ->check(integer_in(1, kMaxTokenCount))
       ->capture_default_str();
+  command
+      ->add_option("--weights", weights,
+                   "as-stored, or fp8: the projections quantized at load (E4M3, one scale per "
+                   "output channel, inputs quantized per token)")
+      ->check(CLI::IsMember({"as-stored", "fp8"}))
+      ->capture_default_str();
+}
+
+ModelWeights DeviceFlags::load(const std::string& path) const {
+  ModelWeights loaded = load_model_with_progress(path);
+  if (weights == "fp8") quantize_weights_fp8(loaded);
+  return loaded;
 }
 
 void DeviceFlags::check() const { check_device(parse_device(device)); }

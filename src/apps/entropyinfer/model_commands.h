@@ -31,15 +31,18 @@ struct WorkFractions {
 // The work fractions of what a model's attention policies did in its last generation.
 WorkFractions work_fractions(const AttentionWork& work);
 
-// --device, --threads and --chunk, which every command that runs a model takes alike.
+// --device, --threads, --chunk and --weights, which every command that runs a model takes alike.
 struct DeviceFlags {
   // Far above any CPU this runs on; OpenMP crashes creating 100,000 threads.
   static constexpr int kMaxThreads = 1024;
   std::string device = "cpu";
   int threads = 0;                         // CPU threads; 0 leaves OpenMP's default
   int chunk_tokens = kDefaultChunkTokens;  // cuda: prompt tokens per matrix-product pass
+  std::string weights = "as-stored";       // or "fp8": quantized at load
 
   void add_to(CLI::App* command);
+  // The model at `path` (with load progress on stderr), quantized as --weights says.
+  ModelWeights load(const std::string& path) const;
   // Error for a device other than "cpu" or "cuda", for cuda in a build without the CUDA backend,
   // and for a --chunk below 1.
   void check() const;

@@ -267,7 +267,7 @@ void run_needle(const NeedleArgs& args, CLI::App* command) {
   const std::string expected = eval::ruler_word_list(sample.answers);
   if (!haystack.note.empty()) std::fprintf(stderr, "note: %s\n", haystack.note.c_str());
 
-  ModelWeights weights = load_model_with_progress(model_folder);
+  ModelWeights weights = args.run.load(model_folder);
   const std::vector<int32_t> stop_ids = stop_token_ids(weights.config, *tokenizer);
   // Answers are at most a few dozen tokens.
   const std::unique_ptr<LanguageModel> model =

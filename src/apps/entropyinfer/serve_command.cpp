@@ -89,7 +89,7 @@ void run_serve(CLI::App* command, const ServeArgs& args) {
   config.http_threads = args.http_threads;
 
   // Declared before the scheduler, which reads both until it is destroyed.
-  ModelWeights weights = load_model_with_progress(args.model);
+  ModelWeights weights = args.device.load(args.model);
   const std::unique_ptr<Tokenizer> tokenizer = find_tokenizer(args.model, args.tokenizer);
   config.chat_style = chat_style_for(args, *tokenizer);
   config.stop_token_ids = stop_token_ids(weights.config, *tokenizer);

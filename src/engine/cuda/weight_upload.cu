@@ -48,9 +48,21 @@ void fill_range(const WeightView& view, size_t begin, size_t end, uint16_t* out)
         out[i - begin] = f32_to_bf16(f16_to_f32(bits));
       }
       return;
-    case TensorDtype::kF8E4M3:
-      throw Error("internal: an FP8 weight view (the loader widens FP8 matrices)");
+    case TensorDtype::kF8E4M3: {
+      // Widened with the row scales (a weights-only FP8 checkpoint runs bf16 products).
+      const int64_t width = view.shape.at(1);
+      for (size_t i = begin; i < end; ++i) {
+        const float scale = view.row_scale(static_cast<int64_t>(i) / width);
+        out[i - begin] = f32_to_bf16(fp8_e4m3_to_f32(bytes[i]) * scale);
+      }
+      return;
+    }
   }
+}
+
+// Elements [begin, end) of an FP8 view's codes, as stored, into out.
+void fill_codes(const WeightView& view, size_t begin, size_t end, uint16_t* out) {
+  std::memcpy(out, static_cast<const uint8_t*>(view.data) + begin, end - begin);
 }
 
 }  // namespace
@@ -86,9 +98,20 @@ WeightUploader::Slot& WeightUploader::next_slot() {
 }
 
 void WeightUploader::upload(const WeightView& view, bf16* target) {
+  stream_pieces(view, target, sizeof(bf16), &fill_range);
+}
+
+void WeightUploader::upload_codes(const WeightView& view, uint8_t* target) {
+  if (!view.fp8()) throw Error("internal: upload_codes of a view that is not FP8");
+  stream_pieces(view, target, 1, &fill_codes);
+}
+
+void WeightUploader::stream_pieces(const WeightView& view, void* target, size_t target_bytes,
+                                   FillPiece fill) {
   const size_t count = static_cast<size_t>(view.numel());
-  const size_t element_bytes = view.dtype == TensorDtype::kF32 ? 4 : 2;
+  const size_t element_bytes = view.byte_size() / std::max<size_t>(count, 1);
   const uint8_t* source = static_cast<const uint8_t*>(view.data);
+  auto* destination = static_cast<uint8_t*>(target);
   advise_will_need(source, std::min(count, kPieceElements) * element_bytes);
   for (size_t done = 0; done < count;) {
     const size_t piece = std::min(kPieceElements, count - done);
@@ -99,15 +122,16 @@ void WeightUploader::upload(const WeightView& view, bf16* target) {
     const int threads =
         static_cast<int>(std::clamp<size_t>(piece / (size_t{1} << 18), 1, fill_threads_));
     const size_t slice = (piece + threads - 1) / threads;
+    auto* staging = reinterpret_cast<uint8_t*>(slot.host);
     std::vector<std::thread> workers;
     for (int t = 1; t < threads; ++t) {
       const size_t begin = std::min(piece, t * slice), end = std::min(piece, begin + slice);
-      workers.emplace_back(fill_range, std::cref(view), done + begin, done + end,
-                           slot.host + begin);
+      workers.emplace_back(fill, std::cref(view), done + begin, done + end,
+                           reinterpret_cast<uint16_t*>(staging + begin * target_bytes));
     }
-    fill_range(view, done, done + std::min(piece, slice), slot.host);
+    fill(view, done, done + std::min(piece, slice), slot.host);
     for (std::thread& worker : workers) worker.join();
-    check(cudaMemcpyAsync(target + done, slot.host, piece * sizeof(uint16_t),
+    check(cudaMemcpyAsync(destination + done * target_bytes, slot.host, piece * target_bytes,
                           cudaMemcpyHostToDevice, stream_),
           "cudaMemcpyAsync (weights)");
     check(cudaEventRecord(slot.copied, stream_), "cudaEventRecord");
