@@ -7,8 +7,12 @@
 #   OUT            output folder (the device run sets it)
 #   GPU_ROUND      what to run: comma-separated subset of
 #                  build,quality,tests,generate,checkpoint,attention,sparse,model,methods,bench,gemm,
-#                  tuning,profile,needle,inspect,capacity,serve (default: all but quality, checkpoint, gemm,
-#                  tuning, profile, needle, inspect, capacity and serve)
+#                  fp8,tuning,profile,needle,inspect,capacity,serve (default: all but quality, checkpoint,
+#                  gemm, fp8, tuning, profile, needle, inspect, capacity and serve)
+#   fp8            FP8 against bf16 (after gemm, whose JSON it reads): the model bench in both
+#                  formats (FP8_PREFILL, MODEL_DECODE), FP8_METHODS (default full,entropy+latent) at
+#                  FP8_METHOD_LENGTHS (default 130816) + NEW_TOKENS in both, transformers' bf16 end
+#                  to end; merged by bench/gpu/fp8_report.py into fp8.md and fp8.json
 #   checkpoint     a 16 GB Llama-3.1-8B-shaped bf16 folder saved by transformers: cold load to ready
 #                  against from_pretrained (CHECKPOINT_LOADS runs each), generate on a
 #                  CHECKPOINT_PROMPT-token prompt (default 130816) per method of METHODS next to bench,
@@ -330,6 +334,32 @@ if [[ "${steps}" == *",gemm,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
     tee -a "${log}" || step_failed "GEMM benchmark"
   timeout -k 10 120 python3 "${repo_root}/bench/gpu/matmul_reference.py" --json "${out}/gemm-torch.json" 2>&1 |
     tee -a "${log}" || step_failed "torch matmul reference"
+fi
+
+if [[ "${steps}" == *",fp8,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
+  # FP8 against bf16 in one call: products (the gemm step's JSON, run it first), the whole model
+  # in both formats, and the methods end to end in both formats next to transformers' bf16.
+  section fp8
+  for weights in bf16 fp8; do
+    timeout -k 10 240 "${build}/entropyinfer_gpu_bench" model --weights "${weights}" --prefill "${FP8_PREFILL:-131072}" \
+      --decode-contexts "${model_decode}" --json "${out}/fp8-model-${weights}.json" 2>&1 | tee -a "${log}" ||
+      step_failed "model benchmark (${weights})"
+  done
+  for weights in as-stored fp8; do
+    timeout -k 10 300 "${build}/entropyinfer" bench --device cuda --random-model llama-3.1-8b \
+      -p "${FP8_METHOD_LENGTHS:-130816}" -n "${new_tokens}" -r 1 --methods "${FP8_METHODS:-full,entropy+latent}" \
+      --weights "${weights}" --json "${out}/fp8-methods-${weights}.json" 2>&1 | tee -a "${log}" ||
+      step_failed "methods benchmark (${weights})"
+  done
+  timeout -k 10 300 python3 "${repo_root}/bench/gpu/hf_reference.py" --prefill "" --decode-contexts "" \
+    --e2e "${FP8_METHOD_LENGTHS:-130816}" --new-tokens "${new_tokens}" --json "${out}/fp8-hf.json" 2>&1 |
+    tee -a "${log}" || step_failed "transformers reference (fp8)"
+  python3 "${repo_root}/bench/gpu/fp8_report.py" --gemm "${out}/gemm-ours.json" \
+    --model-bf16 "${out}/fp8-model-bf16.json" --model-fp8 "${out}/fp8-model-fp8.json" \
+    --methods-bf16 "${out}/fp8-methods-as-stored.json" --methods-fp8 "${out}/fp8-methods-fp8.json" \
+    --hf "${out}/fp8-hf.json" --date "$(date -u +%Y-%m-%d)" \
+    --command "GPU_ROUND=${GPU_ROUND:-} scripts/gpu_round.sh" --json "${out}/fp8.json" --markdown "${out}/fp8.md" |
+    tee -a "${log}" || step_failed "FP8 report"
 fi
 
 if [[ "${steps}" == *",tuning,"* && -x "${build}/entropyinfer" ]]; then

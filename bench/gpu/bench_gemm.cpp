@@ -5,7 +5,8 @@
 // and, next to bench/gpu/matmul_reference.py (torch on the same shapes, same call), whether the
 // engine's algorithm choice leaves speed behind. For one token (decoding) each product runs through
 // the in-house GEMV and through cuBLASLt, with the weight bytes per second next to the copy
-// bandwidth measured in the same run, and the GEMV kernel's configurations are swept.
+// bandwidth measured in the same run, and the GEMV kernel's configurations are swept. Each product
+// also runs in FP8 (weights quantized per row, inputs per token), against the bf16 one.
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -67,7 +68,8 @@ int run_gemm_bench(int argc, char** argv) {
   report["copy_bandwidth_gbps"] = copy_gbps;
   std::cout << "copy bandwidth " << copy_gbps << " GB/s (read + write)\n";
   for (const int64_t tokens : token_counts) {
-    double prompt_seconds = 0;  // the four products of every layer over the whole prompt
+    double prompt_seconds = 0;      // the four products of every layer over the whole prompt
+    double fp8_prompt_seconds = 0;  // the same in FP8
     for (const Product& product : products) {
       cuda::DeviceBuffer<cuda::bf16> x(static_cast<size_t>(tokens * product.in));
       cuda::DeviceBuffer<cuda::bf16> w(static_cast<size_t>(product.in * product.out));
@@ -137,6 +139,65 @@ int run_gemm_bench(int argc, char** argv) {
                                      {"weight_share_of_copy_bandwidth", weight_gbps / copy_gbps}});
       }
       blas.set_gemv(true);
+      {
+        // FP8 (core/fp8.h): the same weights quantized per row; each run quantizes x per token
+        // (a kernel of its own ahead of cuBLASLt's FP8 product, or inside the FP8 GEMV) and
+        // applies both scales, what the engine's FP8 products cost.
+        cuda::DeviceBuffer<uint8_t> codes(static_cast<size_t>(product.in * product.out));
+        cuda::DeviceBuffer<float> scales(static_cast<size_t>(product.out));
+        cuda::quantize_weight_rows_fp8(w.data(), product.out, product.in, codes.data(),
+                                       scales.data(), stream);
+        cuda::DeviceMatrix matrix;
+        matrix.codes = codes.data();
+        matrix.scales = scales.data();
+        matrix.in = product.in;
+        matrix.activations.kind = Fp8Activations::Kind::kDynamicPerToken;
+        blas.reserve_fp8_inputs(tokens, product.in);
+        for (const bool fast : {true, false}) {
+          if (!fast && tokens == 1) break;  // the GEMV sums in fp32 either way
+          blas.set_fp8_fast_accumulation(fast);
+          const Timing timing = time_runs(
+              [&] {
+                if (product.accumulate) {
+                  blas.linear(x.data(), tokens, product.in, matrix, product.out, y_float.data(),
+                              true);
+                } else {
+                  blas.linear(x.data(), tokens, product.in, matrix, product.out, y_bf16.data());
+                }
+              },
+              stream);
+          const char* kernel = tokens == 1 ? "fp8-gemv"
+                               : fast      ? "fp8-cublaslt"
+                                           : "fp8-cublaslt-precise";
+          const double flops = 2.0 * static_cast<double>(tokens) * product.in * product.out;
+          const double tflops = flops / (timing.median_ms * 1e-3) / 1e12;
+          const double weight_gbps =
+              1.0 * product.in * product.out / (timing.median_ms * 1e-3) / 1e9;
+          if (fast) {  // what the engine runs
+            fp8_prompt_seconds +=
+                timing.median_ms * 1e-3 * config.num_layers *
+                (static_cast<double>(prompt_tokens) / static_cast<double>(tokens));
+          }
+          std::cout << "tokens " << tokens << ", " << product.name << " (" << kernel
+                    << "): " << timing.median_ms << " ms, " << tflops << " TFLOP/s, " << weight_gbps
+                    << " GB/s of weights, " << weight_gbps / copy_gbps << " of the copy bandwidth ("
+                    << timing.runs << " runs)\n";
+          report["results"].push_back(
+              {{"tokens", tokens},
+               {"product", product.name},
+               {"kernel", kernel},
+               {"in", product.in},
+               {"out", product.out},
+               {"fp32_accumulate", product.accumulate},
+               {"median_ms", timing.median_ms},
+               {"min_ms", timing.min_ms},
+               {"runs", timing.runs},
+               {"tflops", tflops},
+               {"weight_gbps", weight_gbps},
+               {"weight_share_of_copy_bandwidth", weight_gbps / copy_gbps}});
+        }
+        blas.set_fp8_fast_accumulation(true);
+      }
       if (tokens > 1) {
         // Every candidate, timed both ways: a short burst (median of 9) and sustained (the mean
         // over 60 ms of back-to-back runs after 60 ms of them), where the power cap sets the clock.
@@ -197,7 +258,12 @@ int run_gemm_bench(int argc, char** argv) {
     std::cout << "tokens " << tokens << ": the four products of " << config.num_layers
               << " layers over a " << prompt_tokens << "-token prompt take " << prompt_seconds
               << " s at these rates\n";
-    report["prompt_seconds"].push_back({{"tokens", tokens}, {"seconds", prompt_seconds}});
+    std::cout << "tokens " << tokens << ": in FP8 they take " << fp8_prompt_seconds << " s ("
+              << prompt_seconds / fp8_prompt_seconds << "x the bf16 products' rate)\n";
+    report["prompt_seconds"].push_back({{"tokens", tokens},
+                                        {"seconds", prompt_seconds},
+                                        {"fp8_seconds", fp8_prompt_seconds},
+                                        {"fp8_speedup", prompt_seconds / fp8_prompt_seconds}});
   }
   cudaStreamDestroy(stream);
   if (!json_path.empty()) {

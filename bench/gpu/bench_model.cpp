@@ -1,7 +1,8 @@
 // Whole-model speed of the CUDA transformer on a model of a real shape with random weights (bf16,
-// batch 1): prefill seconds and prompt tokens/s at each prompt length, decode ms/token at each
-// context with its memory-bandwidth floor (weight bytes read per token plus the K/V bytes, over the
-// device copy bandwidth measured in the same run), and the GPU memory in use.
+// or FP8 projections with --weights fp8; batch 1): prefill seconds and prompt tokens/s at each
+// prompt length, decode ms/token at each context with its memory-bandwidth floor (weight bytes read
+// per token plus the K/V bytes, over the device copy bandwidth measured in the same run), and the
+// GPU memory in use.
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -21,6 +22,7 @@ int run_model_bench(int argc, char** argv) {
   std::vector<int64_t> prefill_lengths = {16384, 32768, 65536, 131072};
   std::vector<int64_t> decode_contexts = {32768, 131072};
   int decode_tokens = 32, chunk_tokens = 16384;
+  bool fp8 = false;
   for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {
     if (flag == "--shape") {
       shape = value;
@@ -32,6 +34,9 @@ int run_model_bench(int argc, char** argv) {
       decode_tokens = std::stoi(value);
     } else if (flag == "--chunk") {
       chunk_tokens = std::stoi(value);
+    } else if (flag == "--weights") {
+      if (value != "fp8" && value != "bf16") throw std::invalid_argument("--weights: bf16 or fp8");
+      fp8 = value == "fp8";
     } else if (flag == "--json") {
       json_path = value;
     } else {
@@ -49,6 +54,8 @@ int run_model_bench(int argc, char** argv) {
 
   cuda::CudaModelOptions options;
   options.chunk_tokens = chunk_tokens;
+  options.fp8_weights = fp8;
+  report["weights"] = fp8 ? "fp8" : "bf16";
   const auto load_start = std::chrono::steady_clock::now();
   cuda::CudaTransformer model(config, 1234, options);
   report["load_seconds"] = seconds_since(load_start);
@@ -82,10 +89,16 @@ int run_model_bench(int argc, char** argv) {
   // it), plus the norms, plus keys and values of the whole context.
   const int64_t hidden = config.hidden_size, q_width = int64_t{config.num_heads} * config.head_dim;
   const int64_t kv_width = int64_t{config.num_kv_heads} * config.head_dim;
-  const double weight_bytes = 2.0 * (static_cast<double>(config.num_layers) *
-                                         ((q_width + 2 * kv_width) * hidden + hidden * q_width +
-                                          3.0 * config.intermediate_size * hidden) +
-                                     static_cast<double>(config.vocab_size) * hidden);
+  // FP8 projections: a byte per weight and a float per row; the classifier stays bf16.
+  const double projection_weights = static_cast<double>(config.num_layers) *
+                                    ((q_width + 2 * kv_width) * hidden + hidden * q_width +
+                                     3.0 * config.intermediate_size * hidden);
+  const double projection_rows =
+      static_cast<double>(config.num_layers) *
+      (q_width + 2 * kv_width + 2.0 * hidden + 2.0 * config.intermediate_size);
+  const double weight_bytes =
+      (fp8 ? projection_weights + 4.0 * projection_rows : 2.0 * projection_weights) +
+      2.0 * static_cast<double>(config.vocab_size) * hidden;
   report["decode_weight_bytes"] = weight_bytes;
   for (const int64_t context : decode_contexts) {
     if (context > model.context_length()) continue;

@@ -43,7 +43,8 @@ struct BenchArgs {
   std::string markdown_path;
   int chunk_tokens = kDefaultChunkTokens;
   bool stage_times = false;
-  std::string gemm_tuning;  // empty: the engine's default (burst)
+  std::string gemm_tuning;            // empty: the engine's default (burst)
+  std::string weights = "as-stored";  // or fp8: projections quantized at load
   int profile_decode_step = -1;
   bool profile_prefill = false;
   AttentionOptions attention;
@@ -62,6 +63,7 @@ std::string describe_command(const BenchArgs& args) {
   for (size_t i = 0; i < args.methods.size(); ++i) text << (i ? "," : "") << args.methods[i];
   if (args.stage_times) text << " --stage-times";
   if (!args.gemm_tuning.empty()) text << " --gemm-tuning " << args.gemm_tuning;
+  if (args.weights != "as-stored") text << " --weights " << args.weights;
   if (args.profile_decode_step >= 0) text << " --profile-decode-step " << args.profile_decode_step;
   if (args.profile_prefill) text << " --profile-prefill";
   return text.str();
@@ -77,6 +79,7 @@ void run_bench_on_cuda(const BenchArgs& args) {
   cuda_args.chunk_tokens = args.chunk_tokens;
   cuda_args.stage_times = args.stage_times;
   cuda_args.gemm_tuning = args.gemm_tuning.empty() ? "burst" : args.gemm_tuning;
+  cuda_args.weights = args.weights;
   cuda_args.profile_decode_step = args.profile_decode_step;
   cuda_args.profile_prefill = args.profile_prefill;
   cuda_args.methods = args.methods;
@@ -290,6 +293,12 @@ void register_bench(CLI::App& app) {
                     "down by part (products, pointwise kernels, estimate, attention...)");
   command->add_option("--chunk", args->chunk_tokens, "cuda: prompt tokens per matrix-product pass")
       ->check(integer_in(1, kMaxTokenCount))
+      ->capture_default_str();
+  command
+      ->add_option("--weights", args->weights,
+                   "as-stored, or fp8: the projections quantized at load (E4M3, one scale per "
+                   "output channel, inputs quantized per token)")
+      ->check(CLI::IsMember({"as-stored", "fp8"}))
       ->capture_default_str();
   command->add_option(
       "--gemm-tuning", args->gemm_tuning,

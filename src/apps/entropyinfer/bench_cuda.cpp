@@ -19,6 +19,7 @@
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/device_info.h"
 #include "engine/cuda/cuda_transformer.h"
+#include "model/quantize_weights.h"
 #include "model/random_model.h"
 #endif
 
@@ -44,12 +45,16 @@ double median(std::vector<double> values) {
   return values.size() % 2 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
 }
 
-// Bytes one decode step reads besides the cache: every matrix once (the embedding table one row).
-double weight_bytes_per_token(const ModelConfig& c) {
+// Bytes one decode step reads besides the cache: every matrix once (the embedding table one row):
+// bf16, or FP8 projections (a byte each and a float per row) with the bf16 classifier.
+double weight_bytes_per_token(const ModelConfig& c, bool fp8_projections) {
   const double hidden = c.hidden_size, q = double{1} * c.num_heads * c.head_dim;
   const double kv = double{1} * c.num_kv_heads * c.head_dim;
   const double per_layer = (q + 2 * kv) * hidden + hidden * q + 3.0 * c.intermediate_size * hidden;
-  return 2.0 * (c.num_layers * per_layer + double{1} * c.vocab_size * hidden);  // bf16
+  const double rows_per_layer = q + 2 * kv + hidden + 2.0 * c.intermediate_size + hidden;
+  const double projections = fp8_projections ? c.num_layers * (per_layer + 4.0 * rows_per_layer)
+                                             : 2.0 * c.num_layers * per_layer;
+  return projections + 2.0 * c.vocab_size * hidden;
 }
 
 std::string mib(double bytes) {
@@ -94,8 +99,14 @@ void run_cuda_bench(const CudaBenchArgs& args) {
   const auto load_start = Clock::now();
   std::unique_ptr<cuda::CudaTransformer> model;
   std::string model_name;
+  const bool fp8 = args.weights == "fp8";
+  if (!fp8 && args.weights != "as-stored") {
+    throw Error("--weights must be as-stored or fp8, not '" + args.weights + "'");
+  }
+  options.fp8_weights = fp8;  // random weights; a loaded model takes its weights' format
   if (args.random_model.empty()) {
-    const ModelWeights weights = load_model_with_progress(args.model);
+    ModelWeights weights = load_model_with_progress(args.model);
+    if (fp8) quantize_weights_fp8(weights);
     std::fprintf(stderr, "uploading to the GPU...\n");
     model = std::make_unique<cuda::CudaTransformer>(weights, options);
     model_name = args.model;
@@ -107,7 +118,7 @@ void run_cuda_bench(const CudaBenchArgs& args) {
   }
   const double load_seconds = seconds_since(load_start);
   const ModelConfig& config = model->config();
-  const double weight_bytes = weight_bytes_per_token(config);
+  const double weight_bytes = weight_bytes_per_token(config, model->memory_plan().fp8_weights);
   std::fprintf(stderr, "%s on %s: %s\n", model_name.c_str(), cuda::device_name().c_str(),
                model->memory_plan().describe().c_str());
 
@@ -274,6 +285,7 @@ void run_cuda_bench(const CudaBenchArgs& args) {
                                      {"weight_bytes_per_token", weight_bytes},
                                      {"chunk_tokens", args.chunk_tokens},
                                      {"gemm_tuning", args.gemm_tuning},
+                                     {"weights", fp8 ? "fp8" : "as-stored"},
                                      {"results", results},
                                      {"markdown", table.str()}};
     write_user_file(args.json_path, "--json file", document.dump(2) + "\n");

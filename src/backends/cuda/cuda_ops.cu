@@ -9,12 +9,13 @@
 #include "backends/cuda/dependent_launch.cuh"
 
 namespace entropyinfer::cuda {
-namespace {
 
 void check_blas(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
   throw Error(std::string(what) + " failed: " + cublasLtGetStatusString(status));
 }
+
+namespace {
 
 // Rows beyond this many are strided over by the kernels that put rows on the grid's y.
 constexpr int64_t kMaxGridY = 65535;
@@ -668,6 +669,7 @@ Blas::Blas(cudaStream_t stream, size_t workspace_bytes)
 
 Blas::~Blas() {
   for (auto& [key, plan] : plans_) delete plan;
+  for (auto& [key, plan] : fp8_plans_) delete_fp8_plan(plan);
   if (handle_) cublasLtDestroy(handle_);
 }
 

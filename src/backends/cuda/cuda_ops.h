@@ -13,8 +13,36 @@
 #include <vector>
 
 #include "backends/cuda/cuda_common.h"
+#include "core/fp8.h"
 
 namespace entropyinfer::cuda {
+
+// Throws Error("<what> failed: <cuBLASLt's reason>") unless status is CUBLAS_STATUS_SUCCESS.
+void check_blas(cublasStatus_t status, const char* what);
+
+// A projection's weights on the GPU: bf16 rows [out][in], or FP8 E4M3 codes [out][in] with one
+// fp32 scale per output row, whose products first quantize each input row (core/fp8.h: dynamic
+// per token, or one static scale) and apply both scales to the fp32 sums.
+struct DeviceMatrix {
+  const bf16* values = nullptr;    // bf16 weights; null for FP8
+  const uint8_t* codes = nullptr;  // FP8 codes; null for bf16
+  const float* scales = nullptr;   // FP8: one per row
+  int64_t in = 0;                  // elements per row
+  Fp8Activations activations;      // FP8: kDynamicPerToken or kStaticPerTensor
+  float input_scale = 0.0f;        // kStaticPerTensor's scale
+
+  bool fp8() const { return codes != nullptr; }
+  // The rows from `first` on.
+  DeviceMatrix rows_from(int64_t first) const {
+    DeviceMatrix rest = *this;
+    if (values != nullptr) rest.values = values + first * in;
+    if (codes != nullptr) {
+      rest.codes = codes + first * in;
+      rest.scales = scales + first;
+    }
+    return rest;
+  }
+};
 
 // Matrix products through cuBLASLt: bf16 operands, fp32 accumulation. One instance per stream; it
 // owns the handle, a workspace and the algorithm chosen for each shape.
@@ -33,6 +61,23 @@ class Blas {
   // residual add after the attention output and MLP down projections.
   void linear(const bf16* x, int64_t tokens, int64_t in, const bf16* w, int64_t out, float* y,
               bool accumulate = false, int64_t y_stride = 0);
+
+  // The same over a DeviceMatrix: bf16 weights as above; FP8 ones quantize x's rows into scratch
+  // and run cuBLASLt's FP8 product with both scale vectors applied in its epilogue, or, for one
+  // token, an in-house FP8 GEMV that quantizes x in shared memory as it goes.
+  void linear(const bf16* x, int64_t tokens, int64_t in, const DeviceMatrix& w, int64_t out,
+              bf16* y, int64_t y_stride = 0);
+  void linear(const bf16* x, int64_t tokens, int64_t in, const DeviceMatrix& w, int64_t out,
+              float* y, bool accumulate = false, int64_t y_stride = 0);
+  // Sizes the FP8 products' input scratch for `tokens` rows of `width`, so that products inside a
+  // CUDA graph capture find it allocated (a capture cannot allocate; a product past the reserve
+  // outside one grows it).
+  void reserve_fp8_inputs(int64_t tokens, int64_t width);
+  size_t fp8_input_bytes() const { return fp8_inputs_.bytes() + fp8_input_scales_.bytes(); }
+  // cuBLASLt's FP8 products accumulate in the tensor cores' own precision (on by default, as vLLM's
+  // and TensorRT-LLM's FP8 products do), or promote partial sums to fp32 at intervals (off:
+  // slower, closer to an fp32 sum).
+  void set_fp8_fast_accumulation(bool enabled) { fp8_fast_accumulation_ = enabled; }
 
   // Single-token products (decoding) run in an in-house GEMV kernel that streams the weights with
   // 16-byte loads; off sends them through cuBLASLt too (for comparison).
@@ -83,8 +128,19 @@ class Blas {
   std::pair<int, int> gemv_configuration(const bf16* x, int64_t in, const bf16* w, int64_t out,
                                          bool fp32_out, bool accumulate);
 
+  struct Fp8Plan;
+  static void delete_fp8_plan(Fp8Plan* plan);  // where Fp8Plan is complete
+  void linear_fp8(const bf16* x, int64_t tokens, int64_t in, const DeviceMatrix& w, int64_t out,
+                  void* y, bool fp32_out, bool accumulate, int64_t y_stride);
+  Fp8Plan& fp8_plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride, bool fp32_out,
+                        const float* weight_scales, const float* input_scales);
+
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool>, Fp8Plan*> fp8_plans_;
+  bool fp8_fast_accumulation_ = true;
+  DeviceBuffer<uint8_t> fp8_inputs_;
+  DeviceBuffer<float> fp8_input_scales_;
   DeviceBuffer<uint8_t> workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, Plan*> plans_;
   bool gemv_ = true;
@@ -101,6 +157,16 @@ class Blas {
 // 8 and 256 untuned. Throws Error on any other configuration or when the operands do not fit.
 void gemv_with_config(const bf16* x, const bf16* w, int64_t in, int64_t out, float* y,
                       bool accumulate, int in_flight, int threads, cudaStream_t stream = nullptr);
+
+// Each row of x (bf16, rows x_stride elements apart) quantized as an FP8 product's input
+// (core/fp8.h): codes [rows][width] and one scale per row (the static scale in every row under
+// kStaticPerTensor). Bit for bit what the CPU reference computes from the same values.
+void quantize_rows_fp8(const bf16* x, int64_t rows, int64_t width, int64_t x_stride,
+                       const Fp8Activations& scheme, float static_scale, uint8_t* codes,
+                       float* scales, cudaStream_t stream);
+// Weight rows (bf16 [rows][width]) as E4M3 codes with one scale per row (fp8_weight_scale).
+void quantize_weight_rows_fp8(const bf16* w, int64_t rows, int64_t width, uint8_t* codes,
+                              float* scales, cudaStream_t stream);
 
 // out[r] = x[r] / rms(x[r]) * weight, rows of `size` (rows `x_stride` / `out_stride` elements
 // apart; 0 means size). One block per row; out may alias x when the types match.

@@ -221,8 +221,26 @@ class StageTimes {
 }  // namespace
 
 std::string GpuMemoryPlan::describe() const {
-  return gib(total()) + " (weights " + gib(weights) + ", KV cache " + gib(kv_cache) +
-         ", activations " + gib(activations) + ")";
+  return gib(total()) + " (weights " + gib(weights) + (fp8_weights ? " with FP8 projections" : "") +
+         ", KV cache " + gib(kv_cache) + ", activations " + gib(activations) + ")";
+}
+
+// The widest input an FP8 product quantizes.
+int64_t fp8_input_width(const Widths& w) { return std::max({w.hidden, w.q, w.intermediate}); }
+
+// Whether a model of these weights runs FP8 products: every layer's projections are FP8 with
+// inputs the format quantizes, and every product's width suits the FP8 kernels (a multiple of 16).
+// Anything else (weights-only FP8 among them) runs bf16 products over widened weights.
+bool runs_fp8_products(const ModelWeights& weights, const Widths& w) {
+  if (weights.layers.empty()) return false;
+  if (w.hidden % 16 != 0 || w.q % 16 != 0 || w.intermediate % 16 != 0) return false;
+  for (const LayerWeights& layer : weights.layers) {
+    for (const WeightView* matrix : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,
+                                     &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
+      if (!matrix->fp8() || matrix->activations.kind == Fp8Activations::Kind::kNone) return false;
+    }
+  }
+  return true;
 }
 
 GpuMemoryPlan CudaTransformer::plan(const ModelConfig& config, const CudaModelOptions& options) {
@@ -231,8 +249,15 @@ GpuMemoryPlan CudaTransformer::plan(const ModelConfig& config, const CudaModelOp
   const int64_t chunk = std::max(1, std::min(options.chunk_tokens, context));
   GpuMemoryPlan plan;
   const int64_t per_layer = w.qkv * w.hidden + w.hidden * w.q + 3 * w.intermediate * w.hidden;
-  plan.weights = sizeof(bf16) * (per_layer * config.num_layers +
-                                 w.vocab * w.hidden * (config.tied_embeddings ? 1 : 2));
+  plan.fp8_weights = options.fp8_weights;
+  const size_t projection_bytes = options.fp8_weights ? 1 : sizeof(bf16);
+  plan.weights = projection_bytes * per_layer * config.num_layers +
+                 sizeof(bf16) * w.vocab * w.hidden * (config.tied_embeddings ? 1 : 2);
+  if (options.fp8_weights) {
+    // One scale per projection row, and the products' quantized inputs.
+    plan.weights += sizeof(float) * config.num_layers * (w.qkv + 2 * w.hidden + 2 * w.intermediate);
+    plan.activations += static_cast<size_t>(chunk) * (fp8_input_width(w) + sizeof(float));
+  }
   plan.weights +=
       sizeof(float) * (config.num_layers * (2 * w.hidden + w.qkv + w.hidden + 2 * w.head_dim) +
                        w.hidden);  // norms and biases, whether present or not
@@ -248,7 +273,7 @@ GpuMemoryPlan CudaTransformer::plan(const ModelConfig& config, const CudaModelOp
   }
   const int64_t bf16_row =
       2 * w.hidden + w.qkv + w.q + 3 * w.intermediate;  // normed, qkv, attn, gate|up, act
-  plan.activations =
+  plan.activations +=
       static_cast<size_t>(chunk) * (sizeof(float) * w.hidden + sizeof(bf16) * bf16_row);
   plan.activations += sizeof(float) * w.vocab;  // last-token logits
   plan.activations +=
@@ -315,8 +340,44 @@ struct CudaTransformer::State {
     if (decode_graph != nullptr) cudaGraphExecDestroy(decode_graph);
   }
 
+  // A layer's projection (fused ones hold their matrices' rows one after the other): bf16 rows,
+  // or FP8 codes with one scale per row when the checkpoint's products quantize their inputs
+  // (core/fp8.h). Weights-only FP8 matrices are widened to bf16, as their products are.
+  struct Projection {
+    DeviceBuffer<bf16> values;
+    DeviceBuffer<uint8_t> codes;
+    DeviceBuffer<float> scales;
+    int64_t in = 0;
+    Fp8Activations activations;
+    float input_scale = 0.0f;
+
+    bool fp8() const { return codes.size() > 0; }
+    void allocate(int64_t rows, int64_t width, bool as_fp8) {
+      in = width;
+      values.release();
+      codes.release();
+      scales.release();
+      if (as_fp8) {
+        codes.allocate(static_cast<size_t>(rows * width));
+        scales.allocate(static_cast<size_t>(rows));
+      } else {
+        values.allocate(static_cast<size_t>(rows * width));
+      }
+    }
+    DeviceMatrix matrix(int64_t first_row = 0) const {
+      DeviceMatrix m;
+      m.values = values.data();
+      m.codes = fp8() ? codes.data() : nullptr;
+      m.scales = fp8() ? scales.data() : nullptr;
+      m.in = in;
+      m.activations = activations;
+      m.input_scale = input_scale;
+      return m.rows_from(first_row);
+    }
+  };
+
   struct Layer {
-    DeviceBuffer<bf16> qkv, o, gate_up, down;
+    Projection qkv, o, gate_up, down;
     DeviceBuffer<float> attn_norm, mlp_norm, qkv_bias, o_bias, q_norm, k_norm;
     DeviceBuffer<bf16> keys, values;  // [cache heads][cache_stride][head_dim]
     // After compression: per-head caches of lengths[head] rows (read and advanced on the GPU).
@@ -401,6 +462,7 @@ struct CudaTransformer::State {
   DeviceBuffer<int32_t> ids, best;
   ArgmaxWorkspace argmax_workspace;  // the greedy token's argmax over many blocks
 
+  bool fp8_weights = false;  // the projections hold FP8 codes (CudaModelOptions::fp8_weights)
   const bf16* head() const { return config.tied_embeddings ? embedding.data() : lm_head.data(); }
 
   void allocate(const ModelConfig& c, const CudaModelOptions& options) {
@@ -411,6 +473,12 @@ struct CudaTransformer::State {
     options.attention.validate();
     w = widths_of(c);
     chunk = std::max(1, std::min(options.chunk_tokens, context));
+    fp8_weights = options.fp8_weights;
+    if (fp8_weights && (w.hidden % 16 != 0 || w.q % 16 != 0 || w.intermediate % 16 != 0)) {
+      throw Error(
+          "FP8 products need the hidden, query and intermediate widths to be multiples "
+          "of 16");
+    }
     plan = CudaTransformer::plan(c, options);
     const auto [free_bytes, total_bytes] = device_memory();
     if (plan.total() + kReserveBytes > free_bytes) {
@@ -420,10 +488,10 @@ struct CudaTransformer::State {
     }
     layers.resize(c.num_layers);
     for (Layer& layer : layers) {
-      layer.qkv.allocate(static_cast<size_t>(w.qkv * w.hidden));
-      layer.o.allocate(static_cast<size_t>(w.hidden * w.q));
-      layer.gate_up.allocate(static_cast<size_t>(2 * w.intermediate * w.hidden));
-      layer.down.allocate(static_cast<size_t>(w.hidden * w.intermediate));
+      layer.qkv.allocate(w.qkv, w.hidden, fp8_weights);
+      layer.o.allocate(w.hidden, w.q, fp8_weights);
+      layer.gate_up.allocate(2 * w.intermediate, w.hidden, fp8_weights);
+      layer.down.allocate(w.hidden, w.intermediate, fp8_weights);
       layer.attn_norm.allocate(w.hidden);
       layer.mlp_norm.allocate(w.hidden);
       if (c.qkv_bias) layer.qkv_bias.allocate(w.qkv);
@@ -508,6 +576,7 @@ struct CudaTransformer::State {
                       options.gemm_tuning == GemmTuning::kSustained ? Blas::TuneLoad::kSustained
                                                                     : Blas::TuneLoad::kBurst);
     blas.set_gemv_tuning(true);
+    if (fp8_weights) blas.reserve_fp8_inputs(chunk, fp8_input_width(w));
     estimator.reset();
     compressor.reset();
     prompt_hidden.release();
@@ -569,6 +638,30 @@ struct CudaTransformer::State {
     target.upload(view.floats(), static_cast<size_t>(view.numel()), offset);
   }
 
+  // The matrices' rows, one after another, as the projection holds them: FP8 codes as stored with
+  // each row's scale (a per-tensor scale repeated), or bf16. The loader gave fused matrices one
+  // input scheme and one static input scale.
+  void upload_projection(WeightUploader& uploader, Projection& projection,
+                         std::initializer_list<const WeightView*> parts) {
+    int64_t row = 0;
+    std::vector<float> scales;
+    for (const WeightView* part : parts) {
+      const int64_t rows = part->shape.at(0);
+      if (projection.fp8()) {
+        uploader.upload_codes(*part, projection.codes.data() + row * projection.in);
+        for (int64_t r = 0; r < rows; ++r) scales.push_back(part->row_scale(r));
+      } else {
+        uploader.upload(*part, projection.values.data() + row * projection.in);
+      }
+      row += rows;
+    }
+    if (projection.fp8()) {
+      projection.scales.upload(scales.data(), scales.size());
+      projection.activations = (*parts.begin())->activations;
+      projection.input_scale = (*parts.begin())->input_scale;
+    }
+  }
+
   void load(const ModelWeights& weights) {
     WeightUploader uploader(stream);
     int64_t total_bytes =
@@ -602,13 +695,10 @@ struct CudaTransformer::State {
       expect(source.up_proj, w.intermediate * w.hidden, "up_proj");
       expect(source.down_proj, w.hidden * w.intermediate, "down_proj");
       // Fused products: rows of q, then k, then v; rows of gate, then up.
-      uploader.upload(source.q_proj, layer.qkv.data());
-      uploader.upload(source.k_proj, layer.qkv.data() + w.q * w.hidden);
-      uploader.upload(source.v_proj, layer.qkv.data() + (w.q + w.kv) * w.hidden);
-      uploader.upload(source.o_proj, layer.o.data());
-      uploader.upload(source.gate_proj, layer.gate_up.data());
-      uploader.upload(source.up_proj, layer.gate_up.data() + w.intermediate * w.hidden);
-      uploader.upload(source.down_proj, layer.down.data());
+      upload_projection(uploader, layer.qkv, {&source.q_proj, &source.k_proj, &source.v_proj});
+      upload_projection(uploader, layer.o, {&source.o_proj});
+      upload_projection(uploader, layer.gate_up, {&source.gate_proj, &source.up_proj});
+      upload_projection(uploader, layer.down, {&source.down_proj});
       upload_floats(layer.attn_norm, 0, source.attn_norm);
       upload_floats(layer.mlp_norm, 0, source.mlp_norm);
       if (config.qkv_bias) {
@@ -646,11 +736,23 @@ struct CudaTransformer::State {
     auto small = [&](DeviceBuffer<float>& buffer) {
       fill_uniform(buffer.data(), static_cast<int64_t>(buffer.size()), seed++, 0.02f, stream);
     };
+    // FP8 projections: drawn in bf16, then each row quantized (dynamic per-token inputs).
+    DeviceBuffer<bf16> drawn;
+    auto fill_projection = [&](Projection& projection, int64_t fan_in) {
+      if (!projection.fp8()) return fill(projection.values, fan_in);
+      const int64_t rows = static_cast<int64_t>(projection.scales.size());
+      if (drawn.size() < projection.codes.size()) drawn.allocate(projection.codes.size());
+      fill_uniform(drawn.data(), static_cast<int64_t>(projection.codes.size()), seed++,
+                   1.0f / std::sqrt(static_cast<float>(fan_in)), stream);
+      quantize_weight_rows_fp8(drawn.data(), rows, projection.in, projection.codes.data(),
+                               projection.scales.data(), stream);
+      projection.activations.kind = Fp8Activations::Kind::kDynamicPerToken;
+    };
     for (Layer& layer : layers) {
-      fill(layer.qkv, w.hidden);
-      fill(layer.o, w.q);
-      fill(layer.gate_up, w.hidden);
-      fill(layer.down, w.intermediate);
+      fill_projection(layer.qkv, w.hidden);
+      fill_projection(layer.o, w.q);
+      fill_projection(layer.gate_up, w.hidden);
+      fill_projection(layer.down, w.intermediate);
       ones(layer.attn_norm);
       ones(layer.mlp_norm);
       if (config.qkv_bias) small(layer.qkv_bias);
@@ -699,15 +801,15 @@ struct CudaTransformer::State {
     {
       const auto timed = stages.scope(Stage::kQkvProduct, stream);
       if (first_q_row == 0) {
-        blas.linear(normed.data(), m, w.hidden, layer.qkv.data(), w.qkv, qkv.data());
+        blas.linear(normed.data(), m, w.hidden, layer.qkv.matrix(), w.qkv, qkv.data());
       } else {
         // Keys and values of every row (their weight rows follow the queries' in the fused
         // matrix), queries of the rows from first_q_row on.
-        blas.linear(normed.data(), m, w.hidden, layer.qkv.data() + w.q * w.hidden, 2 * w.kv,
-                    qkv.data() + w.q, w.qkv);
+        blas.linear(normed.data(), m, w.hidden, layer.qkv.matrix(w.q), 2 * w.kv, qkv.data() + w.q,
+                    w.qkv);
         if (first_q_row < m) {
           blas.linear(normed.data() + first_q_row * w.hidden, m - first_q_row, w.hidden,
-                      layer.qkv.data(), w.q, qkv.data() + first_q_row * w.qkv, w.qkv);
+                      layer.qkv.matrix(), w.q, qkv.data() + first_q_row * w.qkv, w.qkv);
         }
       }
     }
@@ -728,7 +830,7 @@ struct CudaTransformer::State {
     const ModelConfig& c = config;
     {
       const auto timed = stages.scope(Stage::kOProduct, stream);
-      blas.linear(attention_rows, m, w.q, layer.o.data(), w.hidden, rows, /*accumulate=*/true);
+      blas.linear(attention_rows, m, w.q, layer.o.matrix(), w.hidden, rows, /*accumulate=*/true);
       if (c.o_bias) add_bias(rows, layer.o_bias.data(), m, w.hidden, w.hidden, stream);
     }
     {
@@ -737,7 +839,7 @@ struct CudaTransformer::State {
     }
     {
       const auto timed = stages.scope(Stage::kGateUpProduct, stream);
-      blas.linear(normed.data(), m, w.hidden, layer.gate_up.data(), 2 * w.intermediate,
+      blas.linear(normed.data(), m, w.hidden, layer.gate_up.matrix(), 2 * w.intermediate,
                   gate_up.data());
     }
     {
@@ -746,7 +848,7 @@ struct CudaTransformer::State {
              activation.data(), stream);
     }
     const auto timed = stages.scope(Stage::kDownProduct, stream);
-    blas.linear(activation.data(), m, w.intermediate, layer.down.data(), w.hidden, rows, true);
+    blas.linear(activation.data(), m, w.intermediate, layer.down.matrix(), w.hidden, rows, true);
   }
 
   RaggedShape ragged_shape(const Layer& layer) const {
@@ -1705,7 +1807,9 @@ struct CudaTransformer::State {
 CudaTransformer::CudaTransformer(const ModelWeights& weights, const CudaModelOptions& options)
     : state_(std::make_unique<State>()) {
   state_->recording = &recording_;
-  state_->allocate(weights.config, options);
+  CudaModelOptions resolved = options;
+  resolved.fp8_weights = runs_fp8_products(weights, widths_of(weights.config));
+  state_->allocate(weights.config, resolved);
   state_->load(weights);
 }
 

@@ -48,6 +48,12 @@ struct CudaModelOptions {
   // through a long prefill (about a second per product shape, once).
   enum class GemmTuning { kHeuristic, kBurst, kSustained };
   GemmTuning gemm_tuning = GemmTuning::kBurst;
+  // FP8 products (core/fp8.h): every layer's projections held as E4M3 codes with one scale per
+  // output row, their inputs quantized per token. A model built from weights decides this from
+  // them (on when every projection is FP8 with quantized inputs, as a checkpoint or
+  // quantize_weights_fp8 makes them); with random weights, on draws them in bf16 and quantizes
+  // each row.
+  bool fp8_weights = false;
 };
 
 // What the attention policies did in the last prefill and compression (AttentionWork), with the
@@ -70,6 +76,7 @@ struct GpuMemoryPlan {
   size_t weights = 0;
   size_t kv_cache = 0;
   size_t activations = 0;
+  bool fp8_weights = false;  // the projections are FP8 codes
   size_t total() const { return weights + kv_cache + activations; }
   std::string describe() const;
 };

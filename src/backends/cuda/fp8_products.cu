@@ -1,0 +1,449 @@
+// FP8 products (core/fp8.h) on Hopper: quantizing product inputs and weight rows to E4M3, the
+// single-token FP8 GEMV, and cuBLASLt's FP8 matmul with one scale per weight row and one per input
+// row applied in its epilogue.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/dependent_launch.cuh"
+
+namespace entropyinfer::cuda {
+namespace {
+
+constexpr int kQuantizeThreads = 256;
+
+enum ActivationKind : int { kNoQuantization = 0, kDynamicPerToken = 1, kStaticPerTensor = 2 };
+
+int kind_of(const Fp8Activations& scheme) {
+  switch (scheme.kind) {
+    case Fp8Activations::Kind::kDynamicPerToken:
+      return kDynamicPerToken;
+    case Fp8Activations::Kind::kStaticPerTensor:
+      return kStaticPerTensor;
+    case Fp8Activations::Kind::kNone:
+      break;
+  }
+  return kNoQuantization;
+}
+
+// Largest value over a block of blockDim.x threads (a multiple of 32); every thread gets it.
+__device__ float block_max(float value) {
+  __shared__ float partial[32];
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) partial[warp] = value;
+  __syncthreads();
+  value = lane < static_cast<int>(blockDim.x / 32) ? partial[lane] : 0.0f;
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  return value;
+}
+
+// Round to nearest even, saturating at +-448: f32_to_fp8_e4m3.
+__device__ __forceinline__ uint8_t to_e4m3(float value) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3));
+}
+
+__device__ __forceinline__ float e4m3_value(uint8_t code) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
+}
+
+// fp8_dynamic_scale, with IEEE division as the host's.
+__device__ __forceinline__ float dynamic_scale(float amax, float upper_bound) {
+  if (upper_bound > 0.0f) amax = fminf(amax, upper_bound);
+  return fmaxf(__fdiv_rn(amax, kFp8E4M3Max), kFp8MinActivationScale);
+}
+
+__device__ __forceinline__ float bf16_max_magnitude(const uint4& packed, float amax) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 values = __bfloat1622float2(pairs[i]);
+    amax = fmaxf(amax, fmaxf(fabsf(values.x), fabsf(values.y)));
+  }
+  return amax;
+}
+
+// Eight bf16 values as E4M3 codes of value / scale, packed in 8 bytes.
+__device__ __forceinline__ uint2 quantize8(const uint4& packed, float scale) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+  uint8_t codes[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 values = __bfloat1622float2(pairs[i]);
+    codes[2 * i] = to_e4m3(__fdiv_rn(values.x, scale));
+    codes[2 * i + 1] = to_e4m3(__fdiv_rn(values.y, scale));
+  }
+  uint2 out;
+  memcpy(&out, codes, sizeof(out));
+  return out;
+}
+
+// One block per row. kVector: width and the row stride are multiples of 8 and x is 16-byte aligned,
+// so rows go by 16-byte loads. kind: kDynamicPerToken or kStaticPerTensor; kWeights takes the
+// weight rule (amax / 448, 1 for a zero row) instead of the activations' one.
+template <bool kVector, bool kWeights>
+__global__ void quantize_rows_kernel(const bf16* x, int64_t width, int64_t x_stride, int kind,
+                                     float upper_bound, float static_scale, uint8_t* codes,
+                                     float* scales) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
+  const int64_t row = blockIdx.x;
+  const bf16* in = x + row * x_stride;
+  uint8_t* out = codes + row * width;
+  float scale = static_scale;
+  if (kWeights || kind == kDynamicPerToken) {
+    float amax = 0.0f;
+    if constexpr (kVector) {
+      const uint4* packed = reinterpret_cast<const uint4*>(in);
+      for (int64_t i = threadIdx.x; i < width / 8; i += blockDim.x)
+        amax = bf16_max_magnitude(packed[i], amax);
+    } else {
+      for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
+        amax = fmaxf(amax, fabsf(__bfloat162float(in[i])));
+    }
+    amax = block_max(amax);
+    if constexpr (kWeights) {
+      scale = amax > 0.0f ? __fdiv_rn(amax, kFp8E4M3Max) : 1.0f;
+    } else {
+      scale = dynamic_scale(amax, upper_bound);
+    }
+  }
+  if constexpr (kVector) {
+    const uint4* packed = reinterpret_cast<const uint4*>(in);
+    uint2* packed_out = reinterpret_cast<uint2*>(out);
+    for (int64_t i = threadIdx.x; i < width / 8; i += blockDim.x)
+      packed_out[i] = quantize8(packed[i], scale);
+  } else {
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
+      out[i] = to_e4m3(__fdiv_rn(__bfloat162float(in[i]), scale));
+  }
+  if (threadIdx.x == 0) scales[row] = scale;
+}
+
+template <bool kWeights>
+void launch_quantize_rows(const bf16* x, int64_t rows, int64_t width, int64_t x_stride, int kind,
+                          float upper_bound, float static_scale, uint8_t* codes, float* scales,
+                          cudaStream_t stream) {
+  if (rows == 0 || width == 0) return;
+  if (rows > 0x7fffffff) throw Error("FP8 quantization: too many rows");
+  const bool vector = width % 8 == 0 && x_stride % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(codes) % 8 == 0;
+  auto* kernel =
+      vector ? quantize_rows_kernel<true, kWeights> : quantize_rows_kernel<false, kWeights>;
+  launch_dependent("FP8 quantization", kernel, dim3(static_cast<unsigned>(rows)),
+                   dim3(kQuantizeThreads), 0, stream, x, width, x_stride, kind, upper_bound,
+                   static_scale, codes, scales);
+}
+
+// Sum of 16 products: E4M3 weights packed in one 16-byte word, against the GEMV's fp16 inputs in
+// two. The products are exact in fp16 (kGemvInputShift); their sum of 16 rounds to fp16 (2^-11
+// relative) before it joins the fp32 sum: a fifth of the instructions of widening both operands
+// to fp32, which left the GEMV bound by issue rather than by memory.
+__device__ __forceinline__ float dot16(const uint4& weights, const uint4& low, const uint4& high) {
+  const __nv_fp8x2_storage_t* w2 = reinterpret_cast<const __nv_fp8x2_storage_t*>(&weights);
+  const __half2* x_low = reinterpret_cast<const __half2*>(&low);
+  const __half2* x_high = reinterpret_cast<const __half2*>(&high);
+  __half2 sum = __float2half2_rn(0.0f);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const __half2 w = __half2(__nv_cvt_fp8x2_to_halfraw2(w2[i], __NV_E4M3));
+    sum = __hfma2(w, i < 4 ? x_low[i] : x_high[i - 4], sum);
+  }
+  const float2 pair = __half22float2(sum);
+  return pair.x + pair.y;
+}
+
+// The FP8 GEMV multiplies in fp16: a weight code's value (at most 448) times an input code's value
+// scaled by kGemvInputShift (at most 1.75) is exact, and a sum of 16 such products stays far
+// below fp16's largest value (65504).
+constexpr float kGemvInputShift = 1.0f / 256.0f;
+
+// One input row quantized as an FP8 product's input, written as the values its codes stand for
+// times kGemvInputShift (exact in fp16), with its scale: what the FP8 GEMV multiplies. One block;
+// 16-byte loads.
+__global__ void quantize_row_decoded_kernel(const bf16* x, int64_t width, int kind,
+                                            float upper_bound, float static_scale, __half* out,
+                                            float* scale_out) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
+  const uint4* input = reinterpret_cast<const uint4*>(x);
+  uint4* output = reinterpret_cast<uint4*>(out);
+  const int64_t words = width / 8;
+  float scale = static_scale;
+  if (kind == kDynamicPerToken) {
+    float amax = 0.0f;
+    for (int64_t i = threadIdx.x; i < words; i += blockDim.x)
+      amax = bf16_max_magnitude(input[i], amax);
+    scale = dynamic_scale(block_max(amax), upper_bound);
+  }
+  for (int64_t i = threadIdx.x; i < words; i += blockDim.x) {
+    uint4 word = input[i];
+    __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&word);
+    __half2* halves = reinterpret_cast<__half2*>(&word);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const float2 values = __bfloat1622float2(pairs[p]);
+      halves[p] =
+          __floats2half2_rn(e4m3_value(to_e4m3(__fdiv_rn(values.x, scale))) * kGemvInputShift,
+                            e4m3_value(to_e4m3(__fdiv_rn(values.y, scale))) * kGemvInputShift);
+    }
+    output[i] = word;
+  }
+  if (threadIdx.x == 0) *scale_out = scale;
+}
+
+// y[o] (+)= x_scale * w_scale[o] * sum_k q(x)[k] * code(o, k): one warp per output row, x being
+// the quantized input's values times kGemvInputShift (quantize_row_decoded_kernel).
+// The weights are requested before waiting for the kernel that writes x, and stream through with
+// 16-byte loads (16 codes) that skip L1; x (small, shared by all rows) stays cached.
+template <typename Out, bool kAccumulate, int kInFlight>
+__global__ void fp8_gemv_kernel(const __half* __restrict__ x, const float* __restrict__ x_scale,
+                                const uint8_t* __restrict__ w, const float* __restrict__ w_scales,
+                                int64_t in, int64_t out, Out* __restrict__ y) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= out) return;
+  const uint4* weights = reinterpret_cast<const uint4*>(w + row * in);
+  const uint4* input = reinterpret_cast<const uint4*>(x);
+  const int64_t chunks = in / 16;
+  int64_t c = lane;
+  uint4 w_chunk[kInFlight];
+  bool full = c + 32 * (kInFlight - 1) < chunks;
+  if (full) {
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) w_chunk[u] = __ldcs(weights + c + 32 * u);
+  }
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
+  float sum = 0.0f;
+  while (full) {
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int64_t chunk = c + 32 * u;
+      sum += dot16(w_chunk[u], __ldg(input + 2 * chunk), __ldg(input + 2 * chunk + 1));
+    }
+    c += 32 * kInFlight;
+    full = c + 32 * (kInFlight - 1) < chunks;
+    if (full) {
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) w_chunk[u] = __ldcs(weights + c + 32 * u);
+    }
+  }
+  for (; c < chunks; c += 32)
+    sum += dot16(__ldcs(weights + c), __ldg(input + 2 * c), __ldg(input + 2 * c + 1));
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane != 0) return;
+  const float value = sum * (*x_scale * (1.0f / kGemvInputShift)) * w_scales[row];
+  if constexpr (std::is_same_v<Out, float>) {
+    y[row] = kAccumulate ? y[row] + value : value;
+  } else {
+    y[row] = __float2bfloat16(value);
+  }
+}
+
+constexpr int kFp8GemvThreads = 256;
+constexpr int kFp8GemvInFlight = 8;
+constexpr int kQuantizeRowThreads = 512;
+
+// x quantized into `decoded` and `scale`, then the GEMV.
+template <typename Out, bool kAccumulate>
+void launch_fp8_gemv(const bf16* x, const DeviceMatrix& w, int64_t in, int64_t out, Out* y,
+                     __half* decoded, float* scale, cudaStream_t stream) {
+  launch_dependent("FP8 GEMV input", quantize_row_decoded_kernel, dim3(1),
+                   dim3(kQuantizeRowThreads), 0, stream, x, in, kind_of(w.activations),
+                   w.activations.upper_bound, w.input_scale, decoded, scale);
+  const int warps = kFp8GemvThreads / 32;
+  const dim3 grid(static_cast<unsigned>((out + warps - 1) / warps));
+  launch_dependent("FP8 GEMV", fp8_gemv_kernel<Out, kAccumulate, kFp8GemvInFlight>, grid,
+                   dim3(kFp8GemvThreads), 0, stream, decoded, scale, w.codes, w.scales, in, out, y);
+}
+
+bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  return capture != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
+void quantize_rows_fp8(const bf16* x, int64_t rows, int64_t width, int64_t x_stride,
+                       const Fp8Activations& scheme, float static_scale, uint8_t* codes,
+                       float* scales, cudaStream_t stream) {
+  if (scheme.kind == Fp8Activations::Kind::kNone) {
+    throw Error("FP8 quantization: the product's inputs are not quantized (weights-only FP8)");
+  }
+  launch_quantize_rows<false>(x, rows, width, x_stride == 0 ? width : x_stride, kind_of(scheme),
+                              scheme.upper_bound, static_scale, codes, scales, stream);
+}
+
+void quantize_weight_rows_fp8(const bf16* w, int64_t rows, int64_t width, uint8_t* codes,
+                              float* scales, cudaStream_t stream) {
+  launch_quantize_rows<true>(w, rows, width, width, kDynamicPerToken, 0.0f, 0.0f, codes, scales,
+                             stream);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Blas's FP8 products
+
+struct Blas::Fp8Plan {
+  cublasLtMatmulDesc_t operation = nullptr;
+  cublasLtMatrixLayout_t weight_layout = nullptr, input_layout = nullptr, output_layout = nullptr;
+  cublasLtMatmulAlgo_t algorithm{};
+  ~Fp8Plan() {
+    if (output_layout) cublasLtMatrixLayoutDestroy(output_layout);
+    if (input_layout) cublasLtMatrixLayoutDestroy(input_layout);
+    if (weight_layout) cublasLtMatrixLayoutDestroy(weight_layout);
+    if (operation) cublasLtMatmulDescDestroy(operation);
+  }
+};
+
+void Blas::delete_fp8_plan(Fp8Plan* plan) { delete plan; }
+
+Blas::Fp8Plan& Blas::fp8_plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride,
+                                  bool fp32_out, const float* weight_scales,
+                                  const float* input_scales) {
+  const auto key = std::make_tuple(tokens, in, out, y_stride, fp32_out, fp8_fast_accumulation_);
+  if (auto found = fp8_plans_.find(key); found != fp8_plans_.end()) return *found->second;
+  auto* plan = new Fp8Plan;
+  try {
+    // Column-major, as the bf16 products: y^T (out x tokens) = W^T (op T of in x out) * q(x)^T.
+    // FP8 operands need this "TN" form. Each output (o, t) is scaled by the weights' scale of row
+    // o and the input's of row t (outer-vector scaling, cuBLASLt 12.9 and later on Hopper).
+    check_blas(cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+               "cublasLtMatmulDescCreate");
+    const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+    const int32_t outer_vector = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    auto set = [&](cublasLtMatmulDescAttributes_t attribute, const void* value, size_t bytes) {
+      check_blas(cublasLtMatmulDescSetAttribute(plan->operation, attribute, value, bytes),
+                 "cublasLtMatmulDescSetAttribute");
+    };
+    set(CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
+    set(CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep));
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer_vector, sizeof(outer_vector));
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer_vector, sizeof(outer_vector));
+    const int8_t fast_accumulation = fp8_fast_accumulation_ ? 1 : 0;
+    set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accumulation, sizeof(fast_accumulation));
+    // The heuristic refuses vector scale modes until the scale pointers are set (cuBLASLt 13.1);
+    // each product sets its own before it runs.
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &weight_scales, sizeof(weight_scales));
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &input_scales, sizeof(input_scales));
+    check_blas(cublasLtMatrixLayoutCreate(&plan->weight_layout, CUDA_R_8F_E4M3, in, out, in),
+               "cublasLtMatrixLayoutCreate");
+    check_blas(cublasLtMatrixLayoutCreate(&plan->input_layout, CUDA_R_8F_E4M3, in, tokens, in),
+               "cublasLtMatrixLayoutCreate");
+    check_blas(cublasLtMatrixLayoutCreate(&plan->output_layout, fp32_out ? CUDA_R_32F : CUDA_R_16BF,
+                                          out, tokens, y_stride),
+               "cublasLtMatrixLayoutCreate");
+    cublasLtMatmulPreference_t preference = nullptr;
+    check_blas(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
+    const uint64_t workspace_bytes = workspace_.bytes();
+    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                         &workspace_bytes, sizeof(workspace_bytes));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        handle_, plan->operation, plan->weight_layout, plan->input_layout, plan->output_layout,
+        plan->output_layout, preference, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(preference);
+    check_blas(status, "cublasLtMatmulAlgoGetHeuristic");
+    if (found == 0) {
+      throw Error("cuBLASLt has no FP8 algorithm with per-row scales for a " +
+                  std::to_string(tokens) + "x" + std::to_string(in) + "x" + std::to_string(out) +
+                  " product (it needs cuBLAS 12.9 or later and a Hopper GPU)");
+    }
+    plan->algorithm = result.algo;
+  } catch (...) {
+    delete plan;
+    throw;
+  }
+  fp8_plans_.emplace(key, plan);
+  return *plan;
+}
+
+void Blas::reserve_fp8_inputs(int64_t tokens, int64_t width) {
+  // At least one row in fp16, for the GEMV.
+  const size_t codes =
+      static_cast<size_t>(std::max<int64_t>(tokens, 2)) * static_cast<size_t>(width);
+  if (fp8_inputs_.size() < codes) fp8_inputs_.allocate(codes);
+  if (fp8_input_scales_.size() < static_cast<size_t>(tokens))
+    fp8_input_scales_.allocate(static_cast<size_t>(tokens));
+}
+
+void Blas::linear_fp8(const bf16* x, int64_t tokens, int64_t in, const DeviceMatrix& w, int64_t out,
+                      void* y, bool fp32_out, bool accumulate, int64_t y_stride) {
+  if (tokens == 0 || out == 0) return;
+  if (y_stride == 0) y_stride = out;
+  if (in % 16 != 0 || !aligned16(x) || !aligned16(w.codes)) {
+    throw Error("FP8 product: the input width " + std::to_string(in) +
+                " must be a multiple of 16 and the operands 16-byte aligned");
+  }
+  if (w.activations.kind == Fp8Activations::Kind::kNone) {
+    throw Error("FP8 product: weights-only FP8 matrices run widened to bf16 on the GPU");
+  }
+  // The GEMV's input is the quantized row's values in fp16: twice the bytes of its codes.
+  const size_t codes =
+      static_cast<size_t>(tokens) * static_cast<size_t>(in) * (tokens == 1 ? 2 : 1);
+  if (fp8_inputs_.size() < codes || fp8_input_scales_.size() < static_cast<size_t>(tokens)) {
+    if (capturing(stream_)) {
+      throw Error("FP8 product: the input scratch for " + std::to_string(tokens) + " rows of " +
+                  std::to_string(in) + " was not reserved before graph capture");
+    }
+    reserve_fp8_inputs(tokens, in);
+  }
+  if (tokens == 1 && gemv_) {
+    auto* decoded = reinterpret_cast<__half*>(fp8_inputs_.data());
+    float* scale = fp8_input_scales_.data();
+    if (fp32_out) {
+      auto* out_rows = static_cast<float*>(y);
+      if (accumulate) {
+        launch_fp8_gemv<float, true>(x, w, in, out, out_rows, decoded, scale, stream_);
+      } else {
+        launch_fp8_gemv<float, false>(x, w, in, out, out_rows, decoded, scale, stream_);
+      }
+    } else {
+      launch_fp8_gemv<bf16, false>(x, w, in, out, static_cast<bf16*>(y), decoded, scale, stream_);
+    }
+    return;
+  }
+  quantize_rows_fp8(x, tokens, in, in, w.activations, w.input_scale, fp8_inputs_.data(),
+                    fp8_input_scales_.data(), stream_);
+  const float* weight_scales = w.scales;
+  const float* input_scales = fp8_input_scales_.data();
+  Fp8Plan& plan = fp8_plan_for(tokens, in, out, y_stride, fp32_out, weight_scales, input_scales);
+  check_blas(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                            &weight_scales, sizeof(weight_scales)),
+             "cublasLtMatmulDescSetAttribute");
+  check_blas(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                            &input_scales, sizeof(input_scales)),
+             "cublasLtMatmulDescSetAttribute");
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  check_blas(cublasLtMatmul(handle_, plan.operation, &alpha, w.codes, plan.weight_layout,
+                            fp8_inputs_.data(), plan.input_layout, &beta, y, plan.output_layout, y,
+                            plan.output_layout, &plan.algorithm, workspace_.data(),
+                            workspace_.bytes(), stream_),
+             "cublasLtMatmul (FP8)");
+}
+
+void Blas::linear(const bf16* x, int64_t tokens, int64_t in, const DeviceMatrix& w, int64_t out,
+                  bf16* y, int64_t y_stride) {
+  if (!w.fp8()) return linear(x, tokens, in, w.values, out, y, y_stride);
+  linear_fp8(x, tokens, in, w, out, y, false, false, y_stride);
+}
+
+void Blas::linear(const bf16* x, int64_t tokens, int64_t in, const DeviceMatrix& w, int64_t out,
+                  float* y, bool accumulate, int64_t y_stride) {
+  if (!w.fp8()) return linear(x, tokens, in, w.values, out, y, accumulate, y_stride);
+  linear_fp8(x, tokens, in, w, out, y, true, accumulate, y_stride);
+}
+
+}  // namespace entropyinfer::cuda

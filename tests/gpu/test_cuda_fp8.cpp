@@ -1,0 +1,275 @@
+// The GPU's FP8 products (backends/cuda/fp8_products.cu) against the definitions in core/fp8.h and
+// the CPU reference product (cpu::linear over FP8 weights): input and weight quantization bit for
+// bit, products to accumulation order (the quantized operands being identical), and the shipped
+// model quantized at load against the CPU running the same FP8 weights and against transformers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <tuple>
+
+#include "backends/cpu/cpu_ops.h"
+#include "backends/cuda/cuda_ops.h"
+#include "core/fp8.h"
+#include "engine/cuda/cuda_transformer.h"
+#include "engine/transformer.h"
+#include "gpu/gpu_test_support.h"
+#include "gpu/model_test_support.h"
+#include "model/model_weights.h"
+#include "model/quantize_weights.h"
+#include "shipped_model_support.h"
+
+namespace entropyinfer {
+namespace {
+
+using gpu_test::download_bf16;
+using gpu_test::download_floats;
+using gpu_test::random_bf16_values;
+using gpu_test::upload_bf16;
+using gpu_test::upload_floats;
+using gpu_test::worst_excess;
+
+std::vector<uint8_t> download_codes(const cuda::DeviceBuffer<uint8_t>& buffer) {
+  std::vector<uint8_t> codes(buffer.size());
+  buffer.download(codes.data(), codes.size());
+  return codes;
+}
+
+// Weight rows quantized as quantize_weights_fp8 does on the host.
+struct HostFp8Matrix {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+};
+
+HostFp8Matrix quantize_on_host(const std::vector<float>& w, int64_t rows, int64_t width) {
+  HostFp8Matrix m;
+  m.codes.resize(w.size());
+  m.scales.resize(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    float amax = 0.0f;
+    for (int64_t k = 0; k < width; ++k) amax = std::max(amax, std::fabs(w[r * width + k]));
+    const float scale = fp8_weight_scale(amax);
+    m.scales[r] = scale;
+    for (int64_t k = 0; k < width; ++k)
+      m.codes[r * width + k] = f32_to_fp8_e4m3(w[r * width + k] / scale);
+  }
+  return m;
+}
+
+Fp8Activations dynamic_scheme(float upper_bound = 0.0f) {
+  Fp8Activations scheme;
+  scheme.kind = Fp8Activations::Kind::kDynamicPerToken;
+  scheme.upper_bound = upper_bound;
+  return scheme;
+}
+
+TEST(CudaFp8, QuantizedInputsMatchTheDefinitionBitForBit) {
+  ENTROPYINFER_REQUIRE_GPU();
+  Fp8Activations static_scheme;
+  static_scheme.kind = Fp8Activations::Kind::kStaticPerTensor;
+  // A small static scale saturates many values; a bound of 2 clamps most rows' amax.
+  const std::vector<std::pair<Fp8Activations, float>> schemes = {
+      {dynamic_scheme(), 0.0f}, {dynamic_scheme(2.0f), 0.0f}, {static_scheme, 0.004f}};
+  // 16-byte vector path, then an odd stride (scalar path).
+  for (auto [rows, width, stride] : {std::tuple{5, 4096, 4096}, {3, 200, 210}, {33, 1024, 1032}}) {
+    auto x = random_bf16_values(static_cast<size_t>(rows) * stride, 11, 3.0f);
+    std::fill(x.begin() + stride, x.begin() + 2 * stride, 0.0f);  // a row of zeros
+    const auto x_gpu = upload_bf16(x);
+    for (const auto& [scheme, static_scale] : schemes) {
+      SCOPED_TRACE(std::to_string(width) + " wide, " + scheme.describe());
+      cuda::DeviceBuffer<uint8_t> codes(static_cast<size_t>(rows) * width);
+      cuda::DeviceBuffer<float> scales(static_cast<size_t>(rows));
+      cuda::quantize_rows_fp8(x_gpu.data(), rows, width, stride, scheme, static_scale, codes.data(),
+                              scales.data(), nullptr);
+      const auto gpu_codes = download_codes(codes);
+      const auto gpu_scales = download_floats(scales);
+      std::vector<float> reference(static_cast<size_t>(width));
+      int64_t mismatches = 0, saturated = 0;
+      for (int r = 0; r < rows; ++r) {
+        const float* row = x.data() + static_cast<size_t>(r) * stride;
+        cpu::fp8_quantize_rows(row, 1, width, scheme, static_scale, reference.data());
+        float scale = static_scale;
+        if (scheme.kind == Fp8Activations::Kind::kDynamicPerToken) {
+          float amax = 0.0f;
+          for (int k = 0; k < width; ++k) amax = std::max(amax, std::fabs(row[k]));
+          scale = fp8_dynamic_scale(amax, scheme.upper_bound);
+        }
+        ASSERT_EQ(gpu_scales[r], scale) << "row " << r;
+        for (int k = 0; k < width; ++k) {
+          const uint8_t code = gpu_codes[static_cast<size_t>(r) * width + k];
+          mismatches += code != f32_to_fp8_e4m3(row[k] / scale);
+          // The CPU reference product sees the same value.
+          mismatches += fp8_e4m3_to_f32(code) * scale != reference[k];
+          saturated += (code & 0x7f) == 0x7e;
+        }
+      }
+      EXPECT_EQ(mismatches, 0);
+      if (scheme.kind == Fp8Activations::Kind::kStaticPerTensor) {
+        EXPECT_GT(saturated, 0);
+      }
+    }
+  }
+}
+
+TEST(CudaFp8, WeightRowsQuantizeAsTheLoaderDoes) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const int64_t rows = 97, width = 1000;
+  auto w = random_bf16_values(static_cast<size_t>(rows * width), 12, 0.05f);
+  std::fill(w.begin() + 3 * width, w.begin() + 4 * width, 0.0f);  // a zero row gets scale 1
+  const HostFp8Matrix expected = quantize_on_host(w, rows, width);
+  const auto w_gpu = upload_bf16(w);
+  cuda::DeviceBuffer<uint8_t> codes(static_cast<size_t>(rows * width));
+  cuda::DeviceBuffer<float> scales(static_cast<size_t>(rows));
+  cuda::quantize_weight_rows_fp8(w_gpu.data(), rows, width, codes.data(), scales.data(), nullptr);
+  EXPECT_EQ(download_floats(scales), expected.scales);
+  EXPECT_EQ(download_codes(codes), expected.codes);
+  EXPECT_EQ(expected.scales[3], 1.0f);
+}
+
+// Both output types, accumulation, the GEMV (one token, one 28672-wide) and cuBLASLt (more) with
+// and without fast accumulation, dynamic and static input scales. The quantized operands are
+// identical to the CPU's, so the results differ only by how the sums are taken (and the bf16
+// rounding of bf16 outputs). The outputs here are about N(0, 1); the bounds, absolute:
+// - cuBLASLt, promoting to fp32: Hopper's FP8 tensor cores keep about 14 accumulator bits between
+//   promotions: up to 1.1e-3 measured, bound 3e-3;
+// - cuBLASLt, fast accumulation (no promotion, the engine's default): up to 1.5e-2 measured,
+//   bound 4e-2;
+// - the GEMV: fp16 sums of 16 exact products, then fp32: bound 2e-3.
+TEST(CudaFp8, ProductsMatchTheCpuReference) {
+  ENTROPYINFER_REQUIRE_GPU();
+  cuda::Blas blas;
+  Fp8Activations static_scheme;
+  static_scheme.kind = Fp8Activations::Kind::kStaticPerTensor;
+  for (auto [tokens, in, out] : {std::tuple{1, 4096, 1000},
+                                 {1, 28672, 64},
+                                 {1, 1024, 333},
+                                 {7, 512, 96},
+                                 {64, 4096, 1000},
+                                 {300, 1024, 1536}}) {
+    for (const bool fast : {false, true}) {
+      for (const Fp8Activations& scheme : {dynamic_scheme(), static_scheme}) {
+        if (tokens == 1 && fast) continue;  // the GEMV sums one way
+        SCOPED_TRACE(std::to_string(tokens) + "x" + std::to_string(in) + "x" + std::to_string(out) +
+                     ", " + scheme.describe() + (fast ? ", fast accumulation" : ""));
+        blas.set_fp8_fast_accumulation(fast);
+        const double bound = tokens == 1 ? 2e-3 : fast ? 4e-2 : 3e-3;
+        const auto x = random_bf16_values(static_cast<size_t>(tokens) * in, 13, 1.0f);
+        const auto w = random_bf16_values(static_cast<size_t>(out) * in, 14, 1.0f / std::sqrt(in));
+        const HostFp8Matrix host = quantize_on_host(w, out, in);
+        const float static_scale = 3.0f / kFp8E4M3Max;  // inputs past 3 saturate
+        cpu::WeightMatrix reference_matrix(host.codes.data(), TensorDtype::kF8E4M3);
+        reference_matrix.scales = host.scales.data();
+        reference_matrix.scale_count = out;
+        reference_matrix.activations = scheme;
+        reference_matrix.input_scale = static_scale;
+        std::vector<float> expected(static_cast<size_t>(tokens) * out);
+        cpu::linear(x.data(), tokens, in, reference_matrix, nullptr, out, expected.data());
+
+        cuda::DeviceBuffer<uint8_t> codes(host.codes.size());
+        codes.upload(host.codes.data(), host.codes.size());
+        const auto scales = upload_floats(host.scales);
+        cuda::DeviceMatrix matrix;
+        matrix.codes = codes.data();
+        matrix.scales = scales.data();
+        matrix.in = in;
+        matrix.activations = scheme;
+        matrix.input_scale = static_scale;
+        const auto x_gpu = upload_bf16(x);
+
+        cuda::DeviceBuffer<cuda::bf16> y_bf16(expected.size());
+        gpu_test::poison(y_bf16);
+        blas.linear(x_gpu.data(), tokens, in, matrix, out, y_bf16.data());
+        EXPECT_LE(worst_excess(download_bf16(y_bf16), expected, 1.0 / 128), bound);
+
+        const auto initial = gpu_test::random_floats(expected.size(), 15);
+        auto y_float = upload_floats(initial);
+        blas.linear(x_gpu.data(), tokens, in, matrix, out, y_float.data(), /*accumulate=*/true);
+        std::vector<float> accumulated = initial;
+        for (size_t i = 0; i < accumulated.size(); ++i) accumulated[i] += expected[i];
+        EXPECT_LE(worst_excess(download_floats(y_float), accumulated, 1e-5), bound);
+      }
+    }
+  }
+}
+
+// The shipped model quantized at load: the GPU runs FP8 products (the plan says so) and agrees
+// with the CPU running the same FP8 weights to the bound of the bf16 parity tests (the GPU keeps
+// activations in bf16, so an input can fall on the other side of a rounding step), differs from
+// the GPU's bf16 model, stays within kFp8Bound of transformers' bf16-weight logits up to 32k
+// tokens, and gives the needle's answer token; greedy decoding (the captured FP8 GEMVs) runs.
+TEST(CudaFp8, ShippedModelInFp8MatchesTheCpuAndStaysNearTransformers) {
+  ENTROPYINFER_REQUIRE_GPU();
+  constexpr double kCpuBound = 5e-2, kFp8Bound = 0.1;
+  const std::vector<testing::ShippedModelCase> cases = testing::load_shipped_model_cases();
+  ASSERT_FALSE(cases.empty()) << "tests/fixtures/shipped_model/expected.json is missing";
+  const ModelWeights bf16_weights = load_model(testing::shipped_model_dir());
+  ModelWeights weights = load_model(testing::shipped_model_dir());
+  quantize_weights_fp8(weights);
+  cuda::CudaModelOptions options;
+  options.decode_room = 64;
+  cuda::CudaTransformer fp8_model(weights, options);
+  cuda::CudaTransformer bf16_model(bf16_weights, options);
+  EXPECT_TRUE(fp8_model.memory_plan().fp8_weights);
+  EXPECT_FALSE(bf16_model.memory_plan().fp8_weights);
+  EXPECT_LT(fp8_model.memory_plan().weights, bf16_model.memory_plan().weights);
+  for (const testing::ShippedModelCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    fp8_model.reset();
+    const std::vector<float> logits = fp8_model.forward(c.prompt);
+    const double to_transformers = testing::relative_max_deviation(logits, c.last_logits);
+    bf16_model.reset();
+    const double to_bf16 = testing::relative_max_deviation(logits, bf16_model.forward(c.prompt));
+    std::cout << c.name << " in FP8 on the GPU: within " << to_transformers
+              << " of transformers' logits, " << to_bf16 << " of the GPU's bf16 model's\n";
+    EXPECT_LE(to_transformers, kFp8Bound);
+    EXPECT_GT(to_bf16, 1e-3) << "the FP8 model computed what the bf16 one did";
+    const auto answer =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    EXPECT_EQ(answer, c.greedy_continuation.at(0));
+    if (c.length <= 2048) {
+      Transformer cpu_model(weights, static_cast<int>(c.prompt.size()) + 8);
+      const double to_cpu = testing::relative_max_deviation(logits, cpu_model.forward(c.prompt));
+      std::cout << "  and within " << to_cpu << " of the CPU's FP8 model\n";
+      EXPECT_LE(to_cpu, kCpuBound);
+      fp8_model.reset();
+      int32_t token = fp8_model.forward_greedy(c.prompt);
+      EXPECT_EQ(token, answer);
+      for (int step = 0; step < 8; ++step) {
+        token = fp8_model.forward_greedy(std::span<const int32_t>(&token, 1));
+        ASSERT_GE(token, 0);
+        ASSERT_LT(token, weights.config.vocab_size);
+      }
+    }
+  }
+}
+
+// Random FP8 weights (the benchmarks' models) draw bf16 rows and quantize them on the GPU; a
+// prompt longer than a chunk and decode steps run through both FP8 product paths.
+TEST(CudaFp8, RandomFp8ModelRunsPrefillAndDecode) {
+  ENTROPYINFER_REQUIRE_GPU();
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    const ModelConfig config = gpu_test::small_config(variant);
+    cuda::CudaModelOptions options;
+    options.chunk_tokens = 64;
+    options.fp8_weights = true;
+    options.decode_room = 32;
+    cuda::CudaTransformer model(config, 7, options);
+    EXPECT_TRUE(model.memory_plan().fp8_weights);
+    std::vector<int32_t> prompt(200);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37) % 1000);
+    const std::vector<float> logits = model.forward(prompt);
+    ASSERT_EQ(logits.size(), 1000u);
+    for (const float value : logits) ASSERT_TRUE(std::isfinite(value));
+    int32_t token = model.forward_greedy(std::vector<int32_t>{5});
+    for (int step = 0; step < 8; ++step) {
+      token = model.forward_greedy(std::span<const int32_t>(&token, 1));
+      ASSERT_GE(token, 0);
+      ASSERT_LT(token, 1000);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace entropyinfer
