@@ -14,6 +14,7 @@
 #include "core/fp8.h"
 #include "engine/cuda/cuda_transformer.h"
 #include "engine/transformer.h"
+#include "fp8_fixture_support.h"
 #include "gpu/gpu_test_support.h"
 #include "gpu/model_test_support.h"
 #include "model/model_weights.h"
@@ -240,6 +241,33 @@ TEST(CudaFp8, ShippedModelInFp8MatchesTheCpuAndStaysNearTransformers) {
         ASSERT_GE(token, 0);
         ASSERT_LT(token, weights.config.vocab_size);
       }
+    }
+  }
+}
+
+// The PyTorch-quantized checkpoints of each format (tests/fixtures/fp8) on the GPU: FP8 products
+// where the format quantizes inputs (weights-only ones run widened to bf16), within the bound of
+// the bf16 parity tests of transformers' logits, since activations are bf16 here.
+TEST(CudaFp8, FixturesOfEachFormatMatchTransformers) {
+  ENTROPYINFER_REQUIRE_GPU();
+  constexpr double kBound = 5e-2;
+  const std::vector<testing::Fp8Fixture> fixtures = testing::load_fp8_fixtures();
+  ASSERT_EQ(fixtures.size(), 4u);
+  for (const testing::Fp8Fixture& fixture : fixtures) {
+    SCOPED_TRACE(fixture.name);
+    const ModelWeights weights = load_model(fixture.folder);
+    cuda::CudaModelOptions options;
+    options.decode_room = 16;
+    cuda::CudaTransformer model(weights, options);
+    EXPECT_EQ(model.memory_plan().fp8_weights,
+              weights.layers.at(0).q_proj.activations.kind != Fp8Activations::Kind::kNone);
+    for (size_t p = 0; p < fixture.prompts.size(); ++p) {
+      model.reset();
+      const double deviation = testing::relative_max_deviation(model.forward(fixture.prompts[p]),
+                                                               fixture.last_logits[p]);
+      std::cout << fixture.name << ", prompt " << p << " on the GPU: logits within " << deviation
+                << " of transformers'\n";
+      EXPECT_LE(deviation, kBound);
     }
   }
 }
