@@ -23,6 +23,7 @@
 #include "core/stopwatch.h"
 #include "core/user_file.h"
 #include "engine/transformer.h"
+#include "model/quantize_weights.h"
 #include "model/random_model.h"
 
 namespace entropyinfer::cli {
@@ -176,6 +177,7 @@ void run_bench(const BenchArgs& args) {
   ModelWeights weights = args.model.empty()
                              ? make_random_model(random_model_config(args.random_model), 1234)
                              : load_model_with_progress(args.model);
+  if (args.weights == "fp8") quantize_weights_fp8(weights);
   const ModelConfig& config = weights.config;
   const std::string model_name = args.model.empty() ? "random " + args.random_model : args.model;
   std::fprintf(stderr, "measuring memory copy bandwidth...\n");
