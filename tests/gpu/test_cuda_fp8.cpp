@@ -229,10 +229,18 @@ TEST(CudaFp8, ShippedModelInFp8MatchesTheCpuAndStaysNearTransformers) {
         static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     EXPECT_EQ(answer, c.greedy_continuation.at(0));
     if (c.length <= 2048) {
+      // One decode step too: the single-token path (the FP8 GEMVs).
+      fp8_model.reset();
+      fp8_model.forward(c.prompt);
+      const std::vector<float> next = fp8_model.forward(std::vector<int32_t>{answer});
       Transformer cpu_model(weights, static_cast<int>(c.prompt.size()) + 8);
       const double to_cpu = testing::relative_max_deviation(logits, cpu_model.forward(c.prompt));
-      std::cout << "  and within " << to_cpu << " of the CPU's FP8 model\n";
+      const double step_to_cpu =
+          testing::relative_max_deviation(next, cpu_model.forward(std::vector<int32_t>{answer}));
+      std::cout << "  and within " << to_cpu << " of the CPU's FP8 model (" << step_to_cpu
+                << " at the next token)\n";
       EXPECT_LE(to_cpu, kCpuBound);
+      EXPECT_LE(step_to_cpu, kCpuBound);
       fp8_model.reset();
       int32_t token = fp8_model.forward_greedy(c.prompt);
       EXPECT_EQ(token, answer);
