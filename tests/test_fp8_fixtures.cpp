@@ -29,7 +29,9 @@ TEST(Fp8Fixtures, EachFormatMatchesTransformersQuantizedModel) {
     EXPECT_FALSE(weights.fp8_scheme.empty());
     EXPECT_TRUE(weights.layers.at(0).q_proj.fp8());
     // Where the format quantizes inputs, leaving that out would move the logits far past kBound.
-    if (fixture.name != "ct_weights_only") EXPECT_GT(fixture.activation_effect, 100 * kBound);
+    if (fixture.name != "ct_weights_only") {
+      EXPECT_GT(fixture.activation_effect, 100 * kBound);
+    }
     for (size_t p = 0; p < fixture.prompts.size(); ++p) {
       const std::vector<int32_t>& prompt = fixture.prompts[p];
       Transformer model(weights, static_cast<int>(prompt.size() + fixture.greedy[p].size()));
