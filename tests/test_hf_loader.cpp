@@ -2,6 +2,7 @@
 // the exact values written, and every way a folder can be wrong ends in an Error naming the
 // problem.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -615,6 +616,7 @@ struct Fp8Case {
   bool input_scales = false;
   std::string expected_scheme;
   bool drop_a_scale = false;  // layer 0's q_proj loses its scales
+  float first_scale = 0.0f;   // nonzero: layer 0's q_proj's first scale becomes this
 };
 
 json compressed_tensors(const std::string& strategy, const json& input_activations) {
@@ -660,6 +662,8 @@ void write_fp8_model(const std::string& folder, const Fp8Case& c, TinyModel* mod
       tensor.dtype = "F8_E4M3";
       tensor.bytes = codes;
       if (c.drop_a_scale && tensor.name == "model.layers.0.self_attn.q_proj.weight") continue;
+      if (c.first_scale != 0.0f && tensor.name == "model.layers.0.self_attn.q_proj.weight")
+        scales.at(0) = c.first_scale;
       const std::vector<int64_t> scale_shape =
           c.per_channel ? std::vector<int64_t>{rows, 1} : std::vector<int64_t>{1};
       added.push_back({tensor.name + "_scale", c.scale_dtype, scale_shape,
@@ -791,6 +795,12 @@ TEST(HfLoaderFp8, UnsupportedVariantsAreOneErrorNamingTheField) {
       {"missing scales",
        [](Fp8Case& c) { c.drop_a_scale = true; },
        {"'model.layers.0.self_attn.q_proj.weight_scale'", "missing"}},
+      {"negative scale",
+       [](Fp8Case& c) { c.first_scale = -0.5f; },
+       {"'model.layers.0.self_attn.q_proj.weight_scale'", "-0.5", "index 0", "not negative"}},
+      {"NaN scale",
+       [](Fp8Case& c) { c.first_scale = std::nanf(""); },
+       {"'model.layers.0.self_attn.q_proj.weight_scale'", "nan", "finite"}},
   };
   for (const BadCase& b : bad) {
     SCOPED_TRACE(b.name);

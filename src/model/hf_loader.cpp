@@ -393,6 +393,14 @@ std::vector<float> fp8_scales(const SafetensorsTensor& scale, int64_t rows,
     throw Error("tensor '" + scale.name + "' " + where +
                 " is stored as F8_E4M3: scales must be F32, BF16 or F16");
   }
+  // Zero is a row of zeros; a negative or non-finite scale is a broken file.
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!(values[i] >= 0.0f) || !std::isfinite(values[i])) {
+      throw Error("tensor '" + scale.name + "' " + where + " holds " + std::to_string(values[i]) +
+                  " at index " + std::to_string(i) +
+                  ": a weight scale must be finite and not negative");
+    }
+  }
   return values;
 }
 
