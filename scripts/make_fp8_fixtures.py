@@ -18,13 +18,25 @@ of gate/up's for the fused products (vLLM's rule), then x / scale clamped to +-4
 Needs torch, transformers, safetensors; no network. Usage:
 
     python3 scripts/make_fp8_fixtures.py --out tests/fixtures/fp8
+    python3 scripts/make_fp8_fixtures.py --out tests/fixtures/fp8 --only kv_cache_fp8
 
 expected.json per fixture: case, quantization_config, prompts, last_logits (one row per prompt),
 greedy (8 tokens per prompt), top2_margins (of each greedy step), activation_effect (how far the
 logits move when the input quantization is left out, relative to the largest), versions.
+
+kv_cache_fp8/expected_kv_cache.json: the FP8 KV cache's reference (EngineOptions::fp8_kv_cache) on
+ct_weights_only's checkpoint as stored (its codes times its scales, computed in float32). Every row
+transformers caches (one token's key, after RoPE, or value, of one KV head) is replaced before it is
+stored by its float8_e4m3fn round trip with scale = max|row| / 448 (1 for an all-zero row): x / scale
+clamped to +-448, cast, cast back, times the scale. The prompt's attention reads those rows, its own
+included, and so does every decode step. Fields: model (the checkpoint's folder), prompts, fed (per
+prompt, the tokens fed one at a time after it: the FP8-cache model's greedy ones), logits (per
+prompt, the prompt's last-position logits and then each fed token's), kv_effect (how far the FP8
+cache moves those logits from the plain cache's, relative to the largest), versions.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -32,7 +44,7 @@ import shutil
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, cache_utils
 
 FP8_MAX = 448.0
 MIN_ACTIVATION_SCALE = 1.0 / (FP8_MAX * 512.0)
@@ -221,20 +233,121 @@ def write_case(name, spec, base_folder, out_root, prompts, calibration):
           f"smallest greedy margin {min(min(m) for m in expected['top2_margins']):.4f}", flush=True)
 
 
+KV_CACHE_CASE = "kv_cache_fp8"
+KV_CACHE_MODEL = "ct_weights_only"  # the plainest format: the projections' inputs as they are
+KV_CACHE_STEPS = 8
+
+
+def fp8_kv_round_trip(x):
+    """Each row of the last dimension through E4M3 with its own scale (core/fp8.h's KV rule)."""
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(x.dtype) * scale
+
+
+class Fp8KvCache:
+    """While entered, every DynamicLayer stores (and attention reads) the round-tripped rows."""
+
+    def __enter__(self):
+        self.calls = 0
+        self.original = cache_utils.DynamicLayer.update
+
+        def update(layer, key_states, value_states, *args, **kwargs):
+            self.calls += 1
+            return self.original(layer, fp8_kv_round_trip(key_states), fp8_kv_round_trip(value_states),
+                                 *args, **kwargs)
+
+        cache_utils.DynamicLayer.update = update
+        return self
+
+    def __exit__(self, *exc):
+        cache_utils.DynamicLayer.update = self.original
+
+
+def stored_model(folder):
+    """The checkpoint in `folder` as a float32 transformers model: codes times scales, as stored."""
+    tensors = load_file(os.path.join(folder, "model.safetensors"))
+    model = make_model(seed=7)
+    state = {}
+    for name in model.state_dict():
+        scale_name = name[:-len("weight")] + "weight_scale"
+        if scale_name in tensors:
+            state[name] = tensors[name].to(torch.float32) * tensors[scale_name]
+        else:
+            state[name] = tensors[name].to(torch.float32)
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def fed_logits(model, prompt, fed, fp8_cache):
+    """The prompt's last logits, then each fed token's, through transformers' cache; with fed None,
+    the model's own greedy tokens are fed and returned."""
+    rows, tokens = [], []
+    with torch.no_grad():
+        context = Fp8KvCache() if fp8_cache else contextlib.nullcontext()
+        with context as patch:
+            out = model(torch.tensor([prompt]), use_cache=True)
+            rows.append(out.logits[0, -1])
+            for step in range(KV_CACHE_STEPS):
+                token = int(rows[-1].argmax()) if fed is None else fed[step]
+                tokens.append(token)
+                out = model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+                rows.append(out.logits[0, -1])
+        if fp8_cache:
+            layers = len(model.model.layers)
+            assert patch.calls == layers * (KV_CACHE_STEPS + 1), \
+                f"the FP8 cache saw {patch.calls} updates, not {layers * (KV_CACHE_STEPS + 1)}"
+    return [r.tolist() for r in rows], tokens
+
+
+def write_kv_cache_case(out_root, prompts):
+    model = stored_model(os.path.join(out_root, KV_CACHE_MODEL)).eval()
+    folder = os.path.join(out_root, KV_CACHE_CASE)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    logits, fed, effect = [], [], 0.0
+    for prompt in prompts:
+        rows, tokens = fed_logits(model, prompt, None, fp8_cache=True)
+        plain, _ = fed_logits(model, prompt, tokens, fp8_cache=False)
+        effect = max(effect, max(relative_max_difference(p, r) for p, r in zip(plain, rows)))
+        logits.append(rows)
+        fed.append(tokens)
+    expected = {
+        "case": KV_CACHE_CASE,
+        "model": KV_CACHE_MODEL,
+        "prompts": prompts,
+        "fed": fed,
+        "logits": logits,
+        "kv_effect": effect,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+    }
+    with open(os.path.join(folder, "expected_kv_cache.json"), "w") as f:
+        json.dump(expected, f)
+    print(f"{KV_CACHE_CASE}: the FP8 cache moves {KV_CACHE_MODEL}'s logits by {effect:.4f} of the largest",
+          flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
+    parser.add_argument("--only", choices=[*CASES, KV_CACHE_CASE],
+                        help="write this fixture alone (kv_cache_fp8 reads ct_weights_only as stored)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, ".base")
-    shutil.rmtree(base, ignore_errors=True)
-    make_model(seed=7).to(torch.bfloat16).save_pretrained(base, safe_serialization=True)
     generator = torch.Generator().manual_seed(11)
     prompts = [torch.randint(3, 256, (n,), generator=generator).tolist() for n in (17, 48)]
     calibration = torch.randint(3, 256, (64,), generator=generator).tolist()
-    for name, spec in CASES.items():
-        write_case(name, spec, base, args.out, prompts, calibration)
-    shutil.rmtree(base)
+    cases = [name for name in CASES if args.only in (None, name)]
+    if cases:
+        base = os.path.join(args.out, ".base")
+        shutil.rmtree(base, ignore_errors=True)
+        make_model(seed=7).to(torch.bfloat16).save_pretrained(base, safe_serialization=True)
+        for name in cases:
+            write_case(name, CASES[name], base, args.out, prompts, calibration)
+        shutil.rmtree(base)
+    if args.only in (None, KV_CACHE_CASE):
+        write_kv_cache_case(args.out, prompts)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -99,6 +100,35 @@ TEST(Cli, BenchDeviceAndMethodErrorsAreClear) {
     expect_error(run_cli(base + " -p 64,-5"), "got '-5'");
     expect_error(run_cli(base + " -p 64 --chunk 0"), "--chunk");
   }
+}
+
+// --kv-cache takes auto or fp8 in every command that runs a model; generate names an FP8 cache in
+// its ready line.
+TEST(Cli, KvCacheFlagIsAutoOrFp8) {
+  for (const char* command :
+       {"generate -p hi", "inspect -p hi -o /tmp/unused", "eval", "needle", "serve"}) {
+    SCOPED_TRACE(command);
+    expect_error(run_cli(std::string(command) + " -m /nonexistent --kv-cache bogus"),
+                 "--kv-cache: bogus not in {auto,fp8}");
+  }
+  expect_error(run_cli("bench --random-model llama-100m -p 64 --kv-cache fp16"),
+               "--kv-cache: fp16 not in {auto,fp8}");
+
+  const std::string model =
+      (std::filesystem::path(testing::fixtures_dir()) / ".." / ".." / "models" / "needle-llama-11m")
+          .lexically_normal()
+          .string();
+  if (!std::filesystem::exists(model + "/model.safetensors")) {
+    GTEST_SKIP() << "the shipped model is missing: " << model;
+  }
+  const std::string generate = "generate -m " + model + " -p 'The secret of cut is oil.' -n 4";
+  const CommandResult fp8 = run_cli(generate + " --kv-cache fp8");
+  ASSERT_EQ(fp8.exit_code, 0) << fp8.err;
+  EXPECT_NE(fp8.err.find("KV cache fp8 (E4M3, one scale per row)"), std::string::npos) << fp8.err;
+  EXPECT_NE(fp8.out.find("The secret of cut is oil."), std::string::npos) << fp8.out;
+  const CommandResult automatic = run_cli(generate + " --kv-cache auto");
+  ASSERT_EQ(automatic.exit_code, 0) << automatic.err;
+  EXPECT_EQ(automatic.err.find("KV cache fp8"), std::string::npos) << automatic.err;
 }
 
 TEST(Cli, TokenizePrintsIds) {

@@ -2,6 +2,7 @@
 // brute-force nearest-code search and against products over explicitly widened operands.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -87,6 +88,68 @@ TEST(Fp8, QuantizedRowsKeepTheirLargestValueAndRoundTheRest) {
   cpu::fp8_quantize_rows(x.data(), 2, 4, fixed, 0.004f, out.data());  // 7 / 0.004 saturates
   EXPECT_FLOAT_EQ(out[4], 448.0f * 0.004f);
   EXPECT_EQ(out[2], fp8_round_trip(0.01f, 0.004f));
+}
+
+// The FP8 KV cache's row rule: one scale per row from its own largest magnitude.
+TEST(Fp8, KvCacheRowsAreQuantizedEachWithItsOwnScale) {
+  const std::vector<float> row = {0.5f, -896.0f, 0.01f, 300.0f, -0.3f, 1.0f, 0.0f, 17.25f};
+  const int width = static_cast<int>(row.size());
+  EXPECT_EQ(fp8_kv_row_scale(row.data(), width), 2.0f);  // 896 / 448
+  std::vector<float> round_tripped = row;
+  fp8_kv_round_trip_row(round_tripped.data(), width);
+  for (int i = 0; i < width; ++i) {
+    EXPECT_EQ(round_tripped[i], fp8_round_trip(row[i], 2.0f)) << i;
+  }
+  EXPECT_EQ(round_tripped[1], -896.0f);
+  EXPECT_EQ(round_tripped[7], 18.0f);  // 17.25 / 2 = 8.625 lies between the codes 8 and 9
+
+  std::vector<uint8_t> codes(row.size());
+  EXPECT_EQ(fp8_kv_quantize_row(row.data(), width, codes.data()), 2.0f);
+  EXPECT_EQ(codes[1], 0xfe);  // -448, the largest finite magnitude
+  for (int i = 0; i < width; ++i) {
+    EXPECT_EQ(fp8_e4m3_to_f32(codes[i]) * 2.0f, round_tripped[i]) << i;
+  }
+}
+
+// The largest element takes the code 448 and reads back as 448 * scale, which is the element
+// itself or (for about one amax in nine) one ulp from it, as 448 * (amax / 448) rounds.
+TEST(Fp8, KvCacheRowsLargestElementReadsBackAs448TimesTheScale) {
+  std::mt19937 generator(5);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> row(64);
+    for (float& x : row) x = normal(generator);
+    const auto largest = std::max_element(
+        row.begin(), row.end(), [](float a, float b) { return std::fabs(a) < std::fabs(b); });
+    const float amax = std::fabs(*largest);
+    const float scale = fp8_kv_row_scale(row.data(), 64);
+    EXPECT_EQ(scale, amax / 448.0f);
+    std::vector<uint8_t> codes(64);
+    EXPECT_EQ(fp8_kv_quantize_row(row.data(), 64, codes.data()), scale);
+    const size_t at = static_cast<size_t>(largest - row.begin());
+    EXPECT_EQ(codes[at] & 0x7f, 0x7e);
+    std::vector<float> round_tripped = row;
+    fp8_kv_round_trip_row(round_tripped.data(), 64);
+    EXPECT_EQ(std::fabs(round_tripped[at]), 448.0f * scale);
+    EXPECT_LE(std::fabs(std::fabs(round_tripped[at]) - amax),
+              std::nextafter(amax, INFINITY) - amax);
+    for (size_t i = 0; i < row.size(); ++i) {
+      EXPECT_EQ(round_tripped[i], fp8_e4m3_to_f32(codes[i]) * scale) << i;
+      EXPECT_EQ(round_tripped[i], fp8_round_trip(row[i], scale)) << i;
+    }
+  }
+}
+
+TEST(Fp8, KvCacheAllZeroRowStaysZeroWithScaleOne) {
+  std::vector<float> row(16, 0.0f);
+  EXPECT_EQ(fp8_kv_row_scale(row.data(), 16), 1.0f);
+  std::vector<uint8_t> codes(16, 0xff);
+  EXPECT_EQ(fp8_kv_quantize_row(row.data(), 16, codes.data()), 1.0f);
+  fp8_kv_round_trip_row(row.data(), 16);
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(codes[i], 0) << i;
+    EXPECT_EQ(row[i], 0.0f) << i;
+  }
 }
 
 // An FP8 product equals the fp32 product of the widened weights and the quantized inputs.

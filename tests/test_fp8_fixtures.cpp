@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "engine/transformer.h"
 #include "fp8_fixture_support.h"
@@ -49,6 +52,49 @@ TEST(Fp8Fixtures, EachFormatMatchesTransformersQuantizedModel) {
         logits = model.forward(std::vector<int32_t>{token});
       }
     }
+  }
+}
+
+// The FP8 KV cache (fp8_kv_cache) against transformers with each cached row round-tripped through
+// float8_e4m3fn by the same rule (kv_cache_fp8/expected_kv_cache.json, on ct_weights_only's
+// checkpoint): the prompt's last logits and those of each token fed after it within kKvCacheBound
+// of the largest. Both sides compute in float32, so the rows they quantize differ in their last
+// bits only (summation order, as above); but a row element that lands on the other side of an E4M3
+// rounding step moves by a whole step (1/16 of itself) and carries that into every later layer
+// and step, which can move a logit far more than 2e-5: 2e-4 allows a few such codes and is still
+// far below what the FP8 cache itself moves (kv_effect, checked to be over 10x the bound).
+TEST(Fp8Fixtures, KvCacheMatchesTransformersWithRowsRoundTripped) {
+  constexpr double kKvCacheBound = 2e-4;
+  const std::filesystem::path path = std::filesystem::path(ENTROPYINFER_FIXTURES_DIR) / "fp8" /
+                                     "kv_cache_fp8" / "expected_kv_cache.json";
+  if (!std::filesystem::exists(path)) {
+    GTEST_SKIP() << path.string()
+                 << " is missing: scripts/make_fp8_fixtures.py --only kv_cache_fp8 writes it";
+  }
+  std::ifstream stream(path);
+  const nlohmann::json expected = nlohmann::json::parse(stream);
+  const auto prompts = expected.at("prompts").get<std::vector<std::vector<int32_t>>>();
+  const auto fed = expected.at("fed").get<std::vector<std::vector<int32_t>>>();
+  const auto logits = expected.at("logits").get<std::vector<std::vector<std::vector<float>>>>();
+  const double kv_effect = expected.at("kv_effect").get<double>();
+  EXPECT_GT(kv_effect, 10 * kKvCacheBound) << "the FP8 cache should move the logits past the bound";
+  const ModelWeights weights = load_model(
+      (path.parent_path().parent_path() / expected.at("model").get<std::string>()).string());
+  ASSERT_EQ(prompts.size(), fed.size());
+  ASSERT_EQ(prompts.size(), logits.size());
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    ASSERT_EQ(logits[p].size(), fed[p].size() + 1);
+    Transformer model(weights, static_cast<int>(prompts[p].size() + fed[p].size()), {}, true);
+    std::vector<float> engine = model.forward(prompts[p]);
+    double worst = 0.0;
+    for (size_t step = 0; step < logits[p].size(); ++step) {
+      if (step > 0) engine = model.forward(std::vector<int32_t>{fed[p][step - 1]});
+      const double deviation = testing::relative_max_deviation(engine, logits[p][step]);
+      EXPECT_LE(deviation, kKvCacheBound) << "prompt " << p << ", step " << step;
+      worst = std::max(worst, deviation);
+    }
+    std::cout << "FP8 KV cache, prompt " << p << ": logits within " << worst
+              << " of transformers' (the FP8 cache alone moves them " << kv_effect << ")\n";
   }
 }
 

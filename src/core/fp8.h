@@ -49,6 +49,29 @@ inline float fp8_round_trip(float x, float scale) {
 // an all-zero row gets 1.
 inline float fp8_weight_scale(float amax) { return amax > 0.0f ? amax / kFp8E4M3Max : 1.0f; }
 
+// The FP8 KV cache's rule (EngineOptions::fp8_kv_cache): every cached row (one token's key, or
+// value, of one KV head; `width` = head_dim floats) is quantized on its own, with the weight rule's
+// scale from the row's largest magnitude, and each element is held as fp8_round_trip(x, scale).
+// The CUDA kernels follow it bit for bit from their bf16 inputs.
+inline float fp8_kv_row_scale(const float* row, int width) {
+  float amax = 0.0f;
+  for (int i = 0; i < width; ++i) amax = std::max(amax, std::fabs(row[i]));
+  return fp8_weight_scale(amax);
+}
+
+// The row's codes (`width` of them) under that rule; returns its scale.
+inline float fp8_kv_quantize_row(const float* row, int width, uint8_t* codes) {
+  const float scale = fp8_kv_row_scale(row, width);
+  for (int i = 0; i < width; ++i) codes[i] = f32_to_fp8_e4m3(row[i] / scale);
+  return scale;
+}
+
+// The row replaced, in place, by what the FP8 cache reads back from it.
+inline void fp8_kv_round_trip_row(float* row, int width) {
+  const float scale = fp8_kv_row_scale(row, width);
+  for (int i = 0; i < width; ++i) row[i] = fp8_round_trip(row[i], scale);
+}
+
 // How an FP8 product quantizes its input rows before multiplying, as the checkpoint's
 // quantization_config says.
 struct Fp8Activations {

@@ -42,6 +42,7 @@ struct BatchModelOptions {
   // The KV pool; 0 means enough for one full-context sequence on the CPU, the memory left after
   // the model on CUDA.
   int64_t pool_bytes = 0;
+  bool fp8_kv_cache = false;  // as EngineOptions::fp8_kv_cache
 };
 
 class BatchModel {

@@ -17,7 +17,8 @@ class CpuBatchModel : public BatchModel {
  public:
   CpuBatchModel(const ModelWeights& weights, const BatchModelOptions& options)
       : weights_(weights),
-        executor_(weights, resolve_context_length(weights.config, options.context_length)),
+        executor_(weights, resolve_context_length(weights.config, options.context_length),
+                  options.fp8_kv_cache),
         pool_(pool_pages(weights.config, executor_.context_length(), options.pool_bytes),
               kKvPageRows, page_bytes(weights.config)),
         work_(weights.config) {}

@@ -14,6 +14,7 @@
 #include "backends/cpu/compressed_decode_attention.h"
 #include "backends/cpu/cpu_ops.h"
 #include "core/error.h"
+#include "core/fp8.h"
 #include "engine/rope.h"
 
 namespace entropyinfer {
@@ -271,8 +272,11 @@ void remember_queries(CpuExecutor::Sequence& s, const ModelConfig& c, int layer,
 
 }  // namespace
 
-CpuExecutor::CpuExecutor(const ModelWeights& weights, int context_length)
-    : weights_(weights), context_length_(context_length), scratch_(std::make_unique<Scratch>()) {}
+CpuExecutor::CpuExecutor(const ModelWeights& weights, int context_length, bool fp8_kv_cache)
+    : weights_(weights),
+      context_length_(context_length),
+      fp8_kv_cache_(fp8_kv_cache),
+      scratch_(std::make_unique<Scratch>()) {}
 
 CpuExecutor::~CpuExecutor() = default;
 
@@ -375,6 +379,18 @@ void remember_queries(CpuExecutor::Sequence& s, const ModelConfig& c, int layer,
                sizeof(float) * kept_old * width);
   std::memcpy(ring.data() + kept_old * width, queries + (count - incoming) * width,
               sizeof(float) * incoming * width);
+}
+
+// The FP8 cache: the last `rows` rows of keys and of values of every cache head replaced by what
+// FP8 reads back from them, once they are appended and before any attention reads them.
+void round_trip_latest_rows(LayerCache& cache, int64_t rows, int64_t head_dim) {
+  for (int head = 0; head < cache.heads; ++head) {
+    const int64_t first = static_cast<int64_t>(head) * cache.capacity + cache.lengths[head] - rows;
+    for (int64_t row = first; row < first + rows; ++row) {
+      fp8_kv_round_trip_row(cache.keys.data() + row * head_dim, static_cast<int>(head_dim));
+      fp8_kv_round_trip_row(cache.values.data() + row * head_dim, static_cast<int>(head_dim));
+    }
+  }
 }
 
 void compress(CpuExecutor::Sequence& s, const ModelConfig& c) {
@@ -574,17 +590,22 @@ void CpuExecutor::run_span_layer(SpanJob& job) {
   shape.cache_stride = cache.capacity;
   shape.window = sliding_window;
   shape.scale = scale;
+  // With last_row_only a policy still plans the layer when plans are recorded, so that they
+  // describe every layer.
+  const bool plans_layer = job.plan_this_span && (!last_row_only || s.recording.record_plans);
+  LayerPrefillPlan plan;
+  if (plans_layer) plan = s.prefill_policy->plan(prefill_inputs());
+  // The estimate's statistics keep their precision: the policy has planned from the rows as
+  // computed, and only then do they become what the FP8 cache holds, for every read after it.
+  if (fp8_kv_cache_) round_trip_latest_rows(cache, n, head_dim);
   bool done = false;
   if (job.plan_this_span && last_row_only) {
-    // A policy still plans the layer when plans are recorded, so that they describe every
-    // layer; the keys read are the last row's.
-    if (s.recording.record_plans)
-      s.recording.prefill_plans.push_back(s.prefill_policy->plan(prefill_inputs()));
+    // The keys read are the last row's.
+    if (s.recording.record_plans) s.recording.prefill_plans.push_back(std::move(plan));
     const int64_t row_keys = static_cast<int64_t>(c.num_kv_heads) * n;
     s.work.prefill_keys_read += row_keys;
     s.work.prefill_keys_dense += row_keys;
   } else if (job.plan_this_span) {
-    LayerPrefillPlan plan = s.prefill_policy->plan(prefill_inputs());
     s.work.prefill_keys_dense += plan.keys_read_dense();
     if (!plan.dense) {
       shape.window = 0;
@@ -697,6 +718,7 @@ std::vector<float> CpuExecutor::decode(std::span<Sequence* const> sequences,
         std::memcpy(cache.values.data() + slot, v + source, sizeof(float) * head_dim);
       }
       for (int& length : cache.lengths) ++length;
+      if (fp8_kv_cache_) round_trip_latest_rows(cache, 1, head_dim);
       remember_queries(s, c, layer_index, q, 1);
       decode_attention(s, c, layer_index, q, scratch.attention_out.data() + i * q_width);
     }

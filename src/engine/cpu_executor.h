@@ -62,8 +62,10 @@ KvPageNeed kv_pages_needed(const ModelConfig& config, const AttentionConfig& att
 
 class CpuExecutor {
  public:
-  // context_length: already resolved (resolve_context_length).
-  CpuExecutor(const ModelWeights& weights, int context_length);
+  // context_length: already resolved (resolve_context_length). fp8_kv_cache: every row entering
+  // the cache is stored as it reads back from FP8 (fp8_kv_round_trip_row), still in fp32: the
+  // numerical reference of an FP8 cache, not a memory saving.
+  CpuExecutor(const ModelWeights& weights, int context_length, bool fp8_kv_cache = false);
   ~CpuExecutor();
 
   struct Sequence;
@@ -98,6 +100,7 @@ class CpuExecutor {
 
   const ModelConfig& config() const;
   int context_length() const { return context_length_; }
+  bool fp8_kv_cache() const { return fp8_kv_cache_; }
 
   // Per-sequence state, read by both users.
   static const SequenceSchedule& schedule(const Sequence& sequence);
@@ -109,6 +112,7 @@ class CpuExecutor {
  private:
   const ModelWeights& weights_;
   int context_length_ = 0;
+  bool fp8_kv_cache_ = false;
   struct Scratch;
   std::unique_ptr<Scratch> scratch_;
   LanguageModel::ProgressCallback progress_;

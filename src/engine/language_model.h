@@ -144,6 +144,10 @@ struct EngineOptions {
   int decode_room = 4096;
   // cuda: called as the weights go up, with (bytes read, bytes in all).
   std::function<void(int64_t done, int64_t total)> upload_progress;
+  // The KV cache in FP8 (core/fp8.h, fp8_kv_round_trip_row): every cached row of keys and of values
+  // of each head is held as E4M3 codes with one fp32 scale of its own. The CUDA executor stores the
+  // codes; the CPU executor, the reference, stores each row as it reads back after quantization.
+  bool fp8_kv_cache = false;
 };
 
 // The model on `options.device`. The CPU executor reads `weights` in place, which must then

@@ -37,7 +37,8 @@ void check_device(Device device) {
 std::unique_ptr<LanguageModel> make_language_model(const ModelWeights& weights,
                                                    const EngineOptions& options) {
   if (options.device == Device::kCpu) {
-    return std::make_unique<Transformer>(weights, options.context_length, options.attention);
+    return std::make_unique<Transformer>(weights, options.context_length, options.attention,
+                                         options.fp8_kv_cache);
   }
   check_device(options.device);
 #ifdef ENTROPYINFER_WITH_CUDA
@@ -47,6 +48,7 @@ std::unique_ptr<LanguageModel> make_language_model(const ModelWeights& weights,
   cuda_options.decode_room = options.decode_room;
   cuda_options.upload_progress = options.upload_progress;
   cuda_options.attention = options.attention;
+  cuda_options.fp8_kv_cache = options.fp8_kv_cache;
   return std::make_unique<cuda::CudaTransformer>(weights, cuda_options);
 #else
   (void)weights;

@@ -15,23 +15,25 @@ struct Transformer::State {
   CpuExecutor executor;
   CpuExecutor::SequencePtr sequence;
 
-  State(const ModelWeights& w, int context, const AttentionConfig& attention,
+  State(const ModelWeights& w, int context, bool fp8_kv_cache, const AttentionConfig& attention,
         AttentionRecording& recording)
-      : weights(w), executor(w, context), sequence(executor.new_sequence(attention, recording)) {}
+      : weights(w),
+        executor(w, context, fp8_kv_cache),
+        sequence(executor.new_sequence(attention, recording)) {}
 };
 
 Transformer::Transformer(const ModelWeights& weights, int context_length,
-                         const AttentionConfig& attention) {
+                         const AttentionConfig& attention, bool fp8_kv_cache) {
   state_ = std::make_unique<State>(weights, resolve_context_length(weights.config, context_length),
-                                   attention, recording_);
+                                   fp8_kv_cache, attention, recording_);
 }
 
 Transformer::~Transformer() = default;
 
 void Transformer::reset() { state_->executor.reset(*state_->sequence); }
 void Transformer::set_attention(const AttentionConfig& attention) {
-  auto next = std::make_unique<State>(state_->weights, state_->executor.context_length(), attention,
-                                      recording_);
+  auto next = std::make_unique<State>(state_->weights, state_->executor.context_length(),
+                                      state_->executor.fp8_kv_cache(), attention, recording_);
   next->executor.set_progress_callback(progress_);
   state_ = std::move(next);
 }

@@ -21,8 +21,9 @@ namespace entropyinfer {
 class Transformer : public LanguageModel {
  public:
   // context_length 0 means the model's max_position_embeddings. The cache grows on demand up to it.
+  // fp8_kv_cache: cached rows as an FP8 cache reads them back (EngineOptions::fp8_kv_cache).
   explicit Transformer(const ModelWeights& weights, int context_length = 0,
-                       const AttentionConfig& attention = {});
+                       const AttentionConfig& attention = {}, bool fp8_kv_cache = false);
   ~Transformer() override;
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;

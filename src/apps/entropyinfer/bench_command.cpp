@@ -46,6 +46,7 @@ struct BenchArgs {
   bool stage_times = false;
   std::string gemm_tuning;            // empty: the engine's default (burst)
   std::string weights = "as-stored";  // or fp8: projections quantized at load
+  std::string kv_cache = "auto";      // the executor's own precision, or fp8
   int profile_decode_step = -1;
   bool profile_prefill = false;
   AttentionOptions attention;
@@ -65,6 +66,7 @@ std::string describe_command(const BenchArgs& args) {
   if (args.stage_times) text << " --stage-times";
   if (!args.gemm_tuning.empty()) text << " --gemm-tuning " << args.gemm_tuning;
   if (args.weights != "as-stored") text << " --weights " << args.weights;
+  if (args.kv_cache != "auto") text << " --kv-cache " << args.kv_cache;
   if (args.profile_decode_step >= 0) text << " --profile-decode-step " << args.profile_decode_step;
   if (args.profile_prefill) text << " --profile-prefill";
   return text.str();
@@ -81,6 +83,7 @@ void run_bench_on_cuda(const BenchArgs& args) {
   cuda_args.stage_times = args.stage_times;
   cuda_args.gemm_tuning = args.gemm_tuning.empty() ? "burst" : args.gemm_tuning;
   cuda_args.weights = args.weights;
+  cuda_args.kv_cache = args.kv_cache;
   cuda_args.profile_decode_step = args.profile_decode_step;
   cuda_args.profile_prefill = args.profile_prefill;
   cuda_args.methods = args.methods;
@@ -198,7 +201,7 @@ void run_bench(const BenchArgs& args) {
     }
     std::vector<int32_t> prompt(prompt_length);
     for (int32_t& id : prompt) id = token(generator);
-    Transformer model(weights, prompt_length + args.decode_tokens);
+    Transformer model(weights, prompt_length + args.decode_tokens, {}, args.kv_cache == "fp8");
     std::vector<double> prefill_times, decode_times;
     for (int repetition = 0; repetition <= args.repetitions; ++repetition) {  // first is warm-up
       model.reset();
@@ -221,7 +224,8 @@ void run_bench(const BenchArgs& args) {
     }
     const double prefill_rate = prompt_length / median(prefill_times);
     const double decode_rate = args.decode_tokens / median(decode_times);
-    // KV bytes read by the average decode step (fp32 keys and values of every layer).
+    // KV bytes read by the average decode step (fp32 keys and values of every layer, an FP8
+    // cache's too: the CPU reference stores its rows widened).
     const double kv_bytes = 2.0 * config.num_layers * config.num_kv_heads * config.head_dim *
                             sizeof(float) * (prompt_length + args.decode_tokens / 2.0);
     // The floor: every byte a step must read, moved at the copy bandwidth (bytes read plus bytes
@@ -255,6 +259,7 @@ void run_bench(const BenchArgs& args) {
                                {"model", model_name},
                                {"parameters", config.parameter_count()},
                                {"threads", omp_get_max_threads()},
+                               {"kv_cache", args.kv_cache == "fp8" ? "fp8" : "fp32"},
                                {"copy_bandwidth_bytes_per_s", bandwidth},
                                {"weight_bytes_per_token", weight_bytes},
                                {"results", results},
@@ -301,6 +306,12 @@ void register_bench(CLI::App& app) {
                    "as-stored, or fp8: the projections quantized at load (E4M3, one scale per "
                    "output channel, inputs quantized per token)")
       ->check(CLI::IsMember({"as-stored", "fp8"}))
+      ->capture_default_str();
+  command
+      ->add_option("--kv-cache", args->kv_cache,
+                   "auto (the executor's own precision: fp32 on cpu, bf16 on cuda), or fp8: "
+                   "E4M3 with one scale per cached row of each head")
+      ->check(CLI::IsMember({"auto", "fp8"}))
       ->capture_default_str();
   command->add_option(
       "--gemm-tuning", args->gemm_tuning,

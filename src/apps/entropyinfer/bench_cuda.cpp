@@ -104,6 +104,11 @@ void run_cuda_bench(const CudaBenchArgs& args) {
     throw Error("--weights must be as-stored or fp8, not '" + args.weights + "'");
   }
   options.fp8_weights = fp8;  // random weights; a loaded model takes its weights' format
+  const bool fp8_kv_cache = args.kv_cache == "fp8";
+  if (!fp8_kv_cache && args.kv_cache != "auto") {
+    throw Error("--kv-cache must be auto or fp8, not '" + args.kv_cache + "'");
+  }
+  options.fp8_kv_cache = fp8_kv_cache;
   if (args.random_model.empty()) {
     ModelWeights weights = load_model_with_progress(args.model);
     if (fp8) quantize_weights_fp8(weights);
@@ -208,7 +213,9 @@ void run_cuda_bench(const CudaBenchArgs& args) {
               ? static_cast<double>(work.prefill_keys_read) / work.prefill_keys_dense
               : 1.0;
       // Floors: every weight once plus the cache the step reads, at the copy bandwidth.
-      const double kv_row_bytes = 2.0 * 2.0 * config.head_dim;  // bf16 key + value
+      // A key and a value: bf16, or FP8 codes with a float scale each.
+      const double kv_row_bytes =
+          fp8_kv_cache ? 2.0 * (config.head_dim + 4.0) : 2.0 * 2.0 * config.head_dim;
       const double full_kv = kv_row_bytes * config.num_layers * config.num_kv_heads *
                              (prompt_length + args.decode_tokens / 2.0);
       const double full_floor_ms = 1e3 * (weight_bytes + full_kv) / bandwidth;
@@ -286,6 +293,7 @@ void run_cuda_bench(const CudaBenchArgs& args) {
                                      {"chunk_tokens", args.chunk_tokens},
                                      {"gemm_tuning", args.gemm_tuning},
                                      {"weights", fp8 ? "fp8" : "as-stored"},
+                                     {"kv_cache", fp8_kv_cache ? "fp8" : "bf16"},
                                      {"results", results},
                                      {"markdown", table.str()}};
     write_user_file(args.json_path, "--json file", document.dump(2) + "\n");

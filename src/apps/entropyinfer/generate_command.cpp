@@ -104,12 +104,15 @@ void run_generate(const GenerateArgs& args) {
   model->warm_up();
   const double warm_up_seconds = seconds_since(warm_up_start);
   if (!args.quiet) {
-    std::fprintf(
-        stderr,
-        "model ready in %.2f s (weights loaded in %.2f s, warm-up %.2f s) | host "
-        "anonymous memory %.0f MiB%s\n",
-        load_seconds + warm_up_seconds, load_seconds, warm_up_seconds, resident_anonymous_mib(),
-        weights.fp8_scheme.empty() ? "" : (" | FP8 weights: " + weights.fp8_scheme).c_str());
+    const std::string fp8_weights =
+        weights.fp8_scheme.empty() ? "" : " | FP8 weights: " + weights.fp8_scheme;
+    const std::string fp8_cache =
+        args.device.fp8_kv_cache() ? " | KV cache fp8 (E4M3, one scale per row)" : "";
+    std::fprintf(stderr,
+                 "model ready in %.2f s (weights loaded in %.2f s, warm-up %.2f s) | host "
+                 "anonymous memory %.0f MiB%s%s\n",
+                 load_seconds + warm_up_seconds, load_seconds, warm_up_seconds,
+                 resident_anonymous_mib(), fp8_weights.c_str(), fp8_cache.c_str());
   }
   if (static_cast<int64_t>(prompt.size()) > model->context_length()) {
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the " +

@@ -50,6 +50,12 @@ void DeviceFlags::add_to(CLI::App* command) {
                    "output channel, inputs quantized per token)")
       ->check(CLI::IsMember({"as-stored", "fp8"}))
       ->capture_default_str();
+  command
+      ->add_option("--kv-cache", kv_cache,
+                   "auto (the executor's own precision: fp32 on cpu, bf16 on cuda), or fp8: "
+                   "E4M3 with one scale per cached row of each head")
+      ->check(CLI::IsMember({"auto", "fp8"}))
+      ->capture_default_str();
 }
 
 ModelWeights DeviceFlags::load(const std::string& path) const {
@@ -74,6 +80,7 @@ std::unique_ptr<LanguageModel> open_language_model(const DeviceFlags& flags, Mod
   options.attention = first;
   options.chunk_tokens = flags.chunk_tokens;
   options.decode_room = decode_room;
+  options.fp8_kv_cache = flags.fp8_kv_cache();
   options.upload_progress = [last_percent = -1](int64_t done, int64_t total) mutable {
     // A terminal gets a line that updates in place; a log gets only the final line.
     const int percent = static_cast<int>(100 * done / std::max<int64_t>(total, 1));

@@ -31,7 +31,8 @@ struct WorkFractions {
 // The work fractions of what a model's attention policies did in its last generation.
 WorkFractions work_fractions(const AttentionWork& work);
 
-// --device, --threads, --chunk and --weights, which every command that runs a model takes alike.
+// --device, --threads, --chunk, --weights and --kv-cache, which every command that runs a model
+// takes alike.
 struct DeviceFlags {
   // Far above any CPU this runs on; OpenMP crashes creating 100,000 threads.
   static constexpr int kMaxThreads = 1024;
@@ -39,6 +40,7 @@ struct DeviceFlags {
   int threads = 0;                         // CPU threads; 0 leaves OpenMP's default
   int chunk_tokens = kDefaultChunkTokens;  // cuda: prompt tokens per matrix-product pass
   std::string weights = "as-stored";       // or "fp8": quantized at load
+  std::string kv_cache = "auto";           // the executor's own precision, or "fp8"
 
   void add_to(CLI::App* command);
   // The model at `path` (with load progress on stderr), quantized as --weights says.
@@ -48,6 +50,7 @@ struct DeviceFlags {
   void check() const;
   // Sets OpenMP's thread count when --threads was given.
   void apply_threads() const;
+  bool fp8_kv_cache() const { return kv_cache == "fp8"; }
 };
 
 // The model on `flags.device` (checked by DeviceFlags::check) through make_language_model, sized

@@ -98,6 +98,7 @@ void run_serve(CLI::App* command, const ServeArgs& args) {
   model_options.device = parse_device(args.device.device);
   model_options.context_length = args.context;
   model_options.pool_bytes = args.kv_pool_mib * 1048576;
+  model_options.fp8_kv_cache = args.device.fp8_kv_cache();
   serve::SchedulerOptions scheduler_options;
   scheduler_options.max_running = args.max_running;
   scheduler_options.max_queued = args.max_queued;
@@ -111,11 +112,12 @@ void run_serve(CLI::App* command, const ServeArgs& args) {
   std::fprintf(
       stderr,
       "serving '%s' (%s, %d layers, %d/%d heads) on %s | context %d tokens | KV pool "
-      "%lld pages of %lld bytes (%.1f MiB) | chat: %s | default attention %s+%s%s\n",
+      "%lld pages of %lld bytes (%.1f MiB)%s | chat: %s | default attention %s+%s%s\n",
       config.model_id.c_str(), model.architecture.c_str(), model.num_layers, model.num_heads,
       model.num_kv_heads, scheduler.device_name().c_str(), scheduler.context_length(),
       static_cast<long long>(pool.pages_total), static_cast<long long>(pool.page_bytes),
       static_cast<double>(pool.pages_total) * static_cast<double>(pool.page_bytes) / 1048576.0,
+      args.device.fp8_kv_cache() ? ", KV cache fp8 (E4M3, one scale per row)" : "",
       config.chat_style ? std::string(chat_format_name(config.chat_style->format)).c_str() : "off",
       prefill_method_name(attention.prefill).c_str(), decode_method_name(attention.decode).c_str(),
       config.api_key.empty() ? "" : " | API key required");

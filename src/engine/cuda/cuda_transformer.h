@@ -54,6 +54,10 @@ struct CudaModelOptions {
   // quantize_weights_fp8 makes them); with random weights, on draws them in bf16 and quantizes
   // each row.
   bool fp8_weights = false;
+  // An FP8 KV cache (EngineOptions::fp8_kv_cache): E4M3 codes with one fp32 scale per cached row
+  // of each head. Prompt attention and the estimate read one layer's rows widened to bf16 in a
+  // staging slab; decode reads the codes (ragged_decode_fp8).
+  bool fp8_kv_cache = false;
 };
 
 // What the attention policies did in the last prefill and compression (AttentionWork), with the
@@ -76,7 +80,8 @@ struct GpuMemoryPlan {
   size_t weights = 0;
   size_t kv_cache = 0;
   size_t activations = 0;
-  bool fp8_weights = false;  // the projections are FP8 codes
+  bool fp8_weights = false;   // the projections are FP8 codes
+  bool fp8_kv_cache = false;  // the cache is FP8 codes with row scales
   size_t total() const { return weights + kv_cache + activations; }
   std::string describe() const;
 };
