@@ -653,6 +653,39 @@ __global__ void compact_kernel(const bf16* keys, const bf16* values, int64_t cac
   }
 }
 
+// compact_kernel for FP8 caches: a row is head_dim / 16 chunks of codes plus its scale, for keys
+// and for values.
+__global__ void compact_fp8_kernel(Fp8KvCache cache, int64_t cache_stride, int head_dim,
+                                   const int32_t* kept_offsets, const int32_t* kept_indices,
+                                   int group, bool per_query_head, Fp8KvCache new_cache,
+                                   int64_t new_stride, int32_t* lengths) {
+  const int list = blockIdx.y;
+  const int begin = kept_offsets[list];
+  const int count = kept_offsets[list + 1] - begin;
+  const int source_head = per_query_head ? list / group : list;
+  const int chunks = head_dim / 16 + 1;  // the last "chunk" of a row is its scales
+  if (blockIdx.x == 0 && threadIdx.x == 0) lengths[list] = count;
+  for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       index < static_cast<int64_t>(count) * chunks;
+       index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int row = static_cast<int>(index / chunks), chunk = static_cast<int>(index % chunks);
+    const int64_t source_row =
+        static_cast<int64_t>(source_head) * cache_stride + kept_indices[begin + row];
+    const int64_t target_row = static_cast<int64_t>(list) * new_stride + row;
+    if (chunk == chunks - 1) {
+      new_cache.key_scales[target_row] = cache.key_scales[source_row];
+      new_cache.value_scales[target_row] = cache.value_scales[source_row];
+      continue;
+    }
+    const int64_t source = source_row * head_dim + chunk * 16;
+    const int64_t target = target_row * head_dim + chunk * 16;
+    *reinterpret_cast<uint4*>(new_cache.key_codes + target) =
+        *reinterpret_cast<const uint4*>(cache.key_codes + source);
+    *reinterpret_cast<uint4*>(new_cache.value_codes + target) =
+        *reinterpret_cast<const uint4*>(cache.value_codes + source);
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // Host side
 
@@ -977,16 +1010,18 @@ std::vector<float> DecodeCompressor::download_last_scores(cudaStream_t stream) c
   return scores;
 }
 
-void compact_cache(const bf16* key_cache, const bf16* value_cache, int64_t cache_stride,
-                   int num_kv_heads, int head_dim, const DeviceDecodePlan& plan, int group,
-                   bf16* new_keys, bf16* new_values, int64_t new_stride, int32_t* lengths,
-                   cudaStream_t stream) {
+namespace {
+
+// compact_cache's checks of the plan, then the longest list (read back, which synchronises).
+int64_t longest_kept_list(int num_kv_heads, int head_dim, int row_multiple,
+                          const DeviceDecodePlan& plan, int group, int64_t new_stride,
+                          cudaStream_t stream) {
   if (plan.heads <= 0 || plan.kept_offsets == nullptr || plan.kept_indices == nullptr) {
     throw Error("cache compaction: the plan is empty (the cache is within the budget)");
   }
-  if (head_dim <= 0 || head_dim % 8 != 0) {
+  if (head_dim <= 0 || head_dim % row_multiple != 0) {
     throw Error("cache compaction: head_dim " + std::to_string(head_dim) +
-                " must be a positive multiple of 8");
+                " must be a positive multiple of " + std::to_string(row_multiple));
   }
   if (group < 1 || (!plan.per_query_head && group != 1)) {
     throw Error("cache compaction: group must be 1 unless the plan is per query head");
@@ -994,11 +1029,6 @@ void compact_cache(const bf16* key_cache, const bf16* value_cache, int64_t cache
   if (num_kv_heads <= 0 || plan.heads != num_kv_heads * group) {
     throw Error("cache compaction: a plan of " + std::to_string(plan.heads) + " lists for " +
                 std::to_string(num_kv_heads) + " KV heads and group " + std::to_string(group));
-  }
-  if (key_cache == nullptr || value_cache == nullptr || new_keys == nullptr ||
-      new_values == nullptr || lengths == nullptr || !aligned16(key_cache) ||
-      !aligned16(value_cache) || !aligned16(new_keys) || !aligned16(new_values)) {
-    throw Error("cache compaction: caches must be non-null and start on 16-byte boundaries");
   }
   std::vector<int32_t> offsets(static_cast<size_t>(plan.heads) + 1);
   check(cudaMemcpyAsync(offsets.data(), plan.kept_offsets, offsets.size() * sizeof(int32_t),
@@ -1012,12 +1042,50 @@ void compact_cache(const bf16* key_cache, const bf16* value_cache, int64_t cache
     throw Error("cache compaction: a list of " + std::to_string(longest) +
                 " entries does not fit the new stride " + std::to_string(new_stride));
   }
+  return longest;
+}
+
+}  // namespace
+
+void compact_cache(const bf16* key_cache, const bf16* value_cache, int64_t cache_stride,
+                   int num_kv_heads, int head_dim, const DeviceDecodePlan& plan, int group,
+                   bf16* new_keys, bf16* new_values, int64_t new_stride, int32_t* lengths,
+                   cudaStream_t stream) {
+  if (key_cache == nullptr || value_cache == nullptr || new_keys == nullptr ||
+      new_values == nullptr || lengths == nullptr || !aligned16(key_cache) ||
+      !aligned16(value_cache) || !aligned16(new_keys) || !aligned16(new_values)) {
+    throw Error("cache compaction: caches must be non-null and start on 16-byte boundaries");
+  }
+  const int64_t longest =
+      longest_kept_list(num_kv_heads, head_dim, 8, plan, group, new_stride, stream);
   const int64_t chunks = longest * (head_dim / 8);
   const auto blocks = static_cast<unsigned>(std::clamp<int64_t>(ceil_div(chunks, 256), 1, 1024));
   compact_kernel<<<dim3(blocks, plan.heads), 256, 0, stream>>>(
       key_cache, value_cache, cache_stride, head_dim, plan.kept_offsets, plan.kept_indices, group,
       plan.per_query_head, new_keys, new_values, new_stride, lengths);
   check_launch("compact_kernel");
+}
+
+void compact_cache(const Fp8KvCache& cache, int64_t cache_stride, int num_kv_heads, int head_dim,
+                   const DeviceDecodePlan& plan, int group, const Fp8KvCache& new_cache,
+                   int64_t new_stride, int32_t* lengths, cudaStream_t stream) {
+  const Fp8KvCache both[] = {cache, new_cache};
+  for (const Fp8KvCache& rows : both) {
+    if (rows.key_codes == nullptr || rows.value_codes == nullptr || rows.key_scales == nullptr ||
+        rows.value_scales == nullptr || !aligned16(rows.key_codes) ||
+        !aligned16(rows.value_codes)) {
+      throw Error("cache compaction: FP8 codes and scales must be non-null, codes 16-byte aligned");
+    }
+  }
+  if (lengths == nullptr) throw Error("cache compaction: null lengths");
+  const int64_t longest =
+      longest_kept_list(num_kv_heads, head_dim, 16, plan, group, new_stride, stream);
+  const int64_t chunks = longest * (head_dim / 16 + 1);
+  const auto blocks = static_cast<unsigned>(std::clamp<int64_t>(ceil_div(chunks, 256), 1, 1024));
+  compact_fp8_kernel<<<dim3(blocks, plan.heads), 256, 0, stream>>>(
+      cache, cache_stride, head_dim, plan.kept_offsets, plan.kept_indices, group,
+      plan.per_query_head, new_cache, new_stride, lengths);
+  check_launch("compact_fp8_kernel");
 }
 
 }  // namespace entropyinfer::cuda

@@ -28,6 +28,7 @@
 #include "attention/decode_plan.h"
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/device_plans.h"
+#include "backends/cuda/kv_cache_fp8.h"
 
 namespace entropyinfer::cuda {
 
@@ -117,5 +118,11 @@ void compact_cache(const bf16* key_cache, const bf16* value_cache, int64_t cache
                    int num_kv_heads, int head_dim, const DeviceDecodePlan& plan, int group,
                    bf16* new_keys, bf16* new_values, int64_t new_stride, int32_t* lengths,
                    cudaStream_t stream);
+
+// The same over FP8 caches (kv_cache_fp8.h, both of the same head_dim, a multiple of 16): codes
+// and row scales move together.
+void compact_cache(const Fp8KvCache& cache, int64_t cache_stride, int num_kv_heads, int head_dim,
+                   const DeviceDecodePlan& plan, int group, const Fp8KvCache& new_cache,
+                   int64_t new_stride, int32_t* lengths, cudaStream_t stream);
 
 }  // namespace entropyinfer::cuda

@@ -10,6 +10,7 @@
 
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/dependent_launch.cuh"
+#include "backends/cuda/fp8_device.cuh"
 
 namespace entropyinfer::cuda {
 namespace {
@@ -45,14 +46,8 @@ __device__ float block_max(float value) {
   return value;
 }
 
-// Round to nearest even, saturating at +-448: f32_to_fp8_e4m3.
-__device__ __forceinline__ uint8_t to_e4m3(float value) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3));
-}
-
-__device__ __forceinline__ float e4m3_value(uint8_t code) {
-  return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
-}
+using fp8::e4m3_value;
+using fp8::to_e4m3;
 
 // fp8_dynamic_scale, with IEEE division as the host's.
 __device__ __forceinline__ float dynamic_scale(float amax, float upper_bound) {
@@ -110,7 +105,7 @@ __global__ void quantize_rows_kernel(const bf16* x, int64_t width, int64_t x_str
     }
     amax = block_max(amax);
     if constexpr (kWeights) {
-      scale = amax > 0.0f ? __fdiv_rn(amax, kFp8E4M3Max) : 1.0f;
+      scale = fp8::row_scale(amax);
     } else {
       scale = dynamic_scale(amax, upper_bound);
     }

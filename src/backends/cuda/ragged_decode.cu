@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backends/cuda/flash_attention_internal.cuh"
+#include "backends/cuda/fp8_device.cuh"
 #include "backends/cuda/ragged_decode.h"
 
 namespace entropyinfer::cuda {
@@ -52,6 +53,12 @@ struct RaggedParams {
   bool per_query_head = false;
   int splits = 1;
   float scale_log2 = 0.0f;
+  // FP8 caches (kv_cache_fp8.h): codes in place of k and v, and one scale per row, at the row's
+  // index (entry's cache at cache * cache_stride, or page * kBlockN in the paged layout).
+  const uint8_t* k_codes = nullptr;
+  const uint8_t* v_codes = nullptr;
+  const float* k_scales = nullptr;
+  const float* v_scales = nullptr;
 };
 
 __device__ __forceinline__ int query_head_of(const RaggedParams& p, int cache, int row) {
@@ -203,13 +210,323 @@ __global__ void __launch_bounds__(32) ragged_decode_kernel(const RaggedParams p)
   }
 }
 
-// One block of head_dim threads per query head: out = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s
+// ------------------------------------------------------------------------------------------------
+// FP8 caches. One warp per (16 query rows, cache entry, split) as above, on 32-key tiles of codes
+// (half the bytes of bf16) and their row scales, four stages deep. Fragments are read straight
+// from shared memory instead of through ldmatrix: the sums over head dimensions and over keys do
+// not depend on their order, so each lane's elements of an mma fragment are made contiguous bytes
+// by permuting the head dimensions (the queries' fragments permuted alike, the outputs written back
+// to their own dimensions).
+//   Q K^T, k-step s: lane (g, t)'s four elements of a key row are the bytes at t * D/4 + 4 s.
+//   P V, output tile i, column g: dimension g * D/8 + i, so a lane reads D/8 bytes of each row.
+template <int kHeadDim>
+struct Fp8RaggedTile {
+  // Three stages: a tile is half the bytes of bf16's, and the shared memory saved lets a third more
+  // warps share each multiprocessor.
+  static constexpr int kStages = 3;
+  static constexpr int kChunks = kHeadDim / 16;  // 16-byte chunks per row of codes
+  static constexpr int kTileBytes = kBlockN * kHeadDim;
+  static constexpr int kScaleBytes = kBlockN * 4;
+  static constexpr int kStageBytes = 2 * kTileBytes + 2 * kScaleBytes;  // K, V codes; their scales
+  static constexpr int kSharedBytes = kStages * kStageBytes;
+  // Chunk placement. Keys: a lane reads its D/4 bytes of rows 8j + g, two rows per 8-lane phase;
+  // moving odd rows' 128-byte chunks by one spreads them over all banks. Values: the four rows of
+  // one lane-quad (keys 2t, 2t + 1, ...) hold the same column, moved by ((row / 2) mod 4) * 2.
+  __device__ static int key_chunk(int row, int chunk) {
+    return kHeadDim == 128 ? chunk ^ (row & 1) : chunk;
+  }
+  __device__ static int value_chunk(int row, int chunk) {
+    return kHeadDim == 128 ? chunk ^ (((row >> 1) & 3) << 1) : chunk;
+  }
+};
+
+__device__ __forceinline__ uint32_t pack_f16(float low, float high) {
+  const __half2 pair = __floats2half2_rn(low, high);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(32) ragged_decode_fp8_kernel(const RaggedParams p) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
+  using Tile = Fp8RaggedTile<kHeadDim>;
+  constexpr int kStages = Tile::kStages;
+  constexpr int kChunks = Tile::kChunks;
+  constexpr int kTilesN = kBlockN / 8;         // 8-key column tiles of S
+  constexpr int kTilesD = kHeadDim / 8;        // 8-wide column tiles of O
+  constexpr int kSteps = kHeadDim / 16;        // k-steps of Q K^T
+  constexpr int kLaneKeyBytes = kHeadDim / 4;  // a lane's bytes of a key row
+  constexpr int kLaneValueBytes = kHeadDim / 8;
+  extern __shared__ __align__(128) uint8_t shared[];
+
+  const int row0 = blockIdx.x * kRows;
+  const int entry = blockIdx.y;
+  const int sequence = entry / p.caches;
+  const int cache = entry % p.caches;
+  const int split = blockIdx.z;
+  const int lane = threadIdx.x;
+  const int g = lane / 4, t = lane % 4;
+  const bf16* q_sequence = p.q + static_cast<int64_t>(sequence) * p.q_stride;
+  const int first_head = sequence * p.q_heads;
+
+  const int length = min(max(p.lengths[entry], 0), static_cast<int>(p.cache_stride));
+  const int total_blocks = (length + kBlockN - 1) / kBlockN;
+  const int blocks_per_split = (total_blocks + p.splits - 1) / p.splits;
+  const int block_begin = min(total_blocks, split * blocks_per_split);
+  const int block_end = min(total_blocks, block_begin + blocks_per_split);
+  const int32_t* pages = p.page_tables != nullptr
+                             ? p.page_tables + static_cast<int64_t>(entry) * p.max_pages
+                             : nullptr;
+
+  // Lane l copies chunk l % kChunks of rows l / kChunks + i * (32 / kChunks): the chunk, and so
+  // both swizzles' row parities, stay the same for every i.
+  constexpr int kRowStep = 32 / kChunks;
+  constexpr int kCopies = kBlockN / kRowStep;
+  const int copy_chunk = lane % kChunks, copy_row = lane / kChunks;
+  const uint32_t k_copy_offset = copy_row * kHeadDim + (Tile::key_chunk(copy_row, copy_chunk) << 4);
+  const uint8_t* k_codes = p.k_codes + copy_chunk * 16;
+  const uint8_t* v_codes = p.v_codes + copy_chunk * 16;
+  auto load_kv = [&](int block, int stage) {
+    const uint32_t k_tile = detail::shared_address(shared + stage * Tile::kStageBytes);
+    const uint32_t v_tile = k_tile + Tile::kTileBytes;
+    const uint32_t scales = v_tile + Tile::kTileBytes;
+    const int64_t first_row =
+        pages != nullptr ? static_cast<int64_t>(pages[block]) * kBlockN
+                         : static_cast<int64_t>(cache) * p.cache_stride + int64_t{block} * kBlockN;
+    const int valid_rows = min(kBlockN, length - block * kBlockN);  // later rows are zeros
+    const uint8_t* k_rows = k_codes + first_row * kHeadDim;
+    const uint8_t* v_rows = v_codes + first_row * kHeadDim;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const int r = copy_row + i * kRowStep;
+      const bool valid = r < valid_rows;
+      const int64_t offset = static_cast<int64_t>(valid ? r : 0) * kHeadDim;
+      detail::cp_async_16(k_tile + k_copy_offset + i * kRowStep * kHeadDim, k_rows + offset,
+                          valid ? 16 : 0);
+      detail::cp_async_16(v_tile + r * kHeadDim + (Tile::value_chunk(r, copy_chunk) << 4),
+                          v_rows + offset, valid ? 16 : 0);
+    }
+    {  // a key scale and a value scale per lane
+      static_assert(kBlockN == 32);
+      const bool valid = lane < valid_rows;
+      const int64_t row = first_row + (valid ? lane : 0);
+      detail::cp_async_4(scales + 4 * lane, p.k_scales + row, valid ? 4 : 0);
+      detail::cp_async_4(scales + Tile::kScaleBytes + 4 * lane, p.v_scales + row, valid ? 4 : 0);
+    }
+  };
+#pragma unroll
+  for (int stage = 0; stage < kStages - 1; ++stage) {
+    if (block_begin + stage < block_end) load_kv(block_begin + stage, stage);
+    detail::cp_async_commit();
+  }
+
+  // The queries as fp16 A fragments in the permuted dimension order: rows g and g + 8.
+  uint32_t qa[kSteps][4];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + g + 8 * half;
+    const bool valid = row < p.rows;
+    const bf16* source = q_sequence +
+                         static_cast<int64_t>(valid ? query_head_of(p, cache, row) : 0) * kHeadDim +
+                         t * kLaneKeyBytes;
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      uint2 packed = make_uint2(0, 0);
+      if (valid) packed = *reinterpret_cast<const uint2*>(source + 4 * step);
+      const float2 low = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed.x));
+      const float2 high = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed.y));
+      qa[step][half] = pack_f16(low.x, low.y);
+      qa[step][2 + half] = pack_f16(high.x, high.y);
+    }
+  }
+
+  float o[kTilesD][4];
+#pragma unroll
+  for (int i = 0; i < kTilesD; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
+  float value_reference = 0.0f;  // the largest value scale seen: O is kept in its units
+
+  for (int block = block_begin; block < block_end; ++block) {
+    const int stage = (block - block_begin) % kStages;
+    if (block + kStages - 1 < block_end) {
+      load_kv(block + kStages - 1, (block - block_begin + kStages - 1) % kStages);
+    }
+    detail::cp_async_commit();
+    detail::cp_async_wait<kStages - 1>();
+    __syncthreads();
+    const uint8_t* k_tile = shared + stage * Tile::kStageBytes;
+    const uint8_t* v_tile = k_tile + Tile::kTileBytes;
+    const float* key_scales = reinterpret_cast<const float*>(v_tile + Tile::kTileBytes);
+    const float* value_scales = key_scales + kBlockN;
+
+    float s[kTilesN][4];
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      const int r = 8 * j + g;
+      uint32_t words[kSteps];
+#pragma unroll
+      for (int c = 0; c < kLaneKeyBytes / 16; ++c) {
+        const uint4 chunk = *reinterpret_cast<const uint4*>(
+            k_tile + r * kHeadDim + (Tile::key_chunk(r, t * (kLaneKeyBytes / 16) + c) << 4));
+        words[4 * c] = chunk.x;
+        words[4 * c + 1] = chunk.y;
+        words[4 * c + 2] = chunk.z;
+        words[4 * c + 3] = chunk.w;
+      }
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        detail::mma_f16_16816(s[j], qa[step], fp8::e4m3x2_to_f16x2(words[step]),
+                              fp8::e4m3x2_to_f16x2(words[step] >> 16));
+      }
+    }
+    // Scores of codes times their keys' scales; keys past the length masked.
+    float value_max = 0.0f;
+    float value_scale[kTilesN][2];
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+      const int column = 8 * j + 2 * t;
+      const float2 key_scale = *reinterpret_cast<const float2*>(key_scales + column);
+      value_scale[j][0] = value_scales[column];
+      value_scale[j][1] = value_scales[column + 1];
+      value_max = fmaxf(value_max, fmaxf(value_scale[j][0], value_scale[j][1]));
+      const int key = block * kBlockN + column;
+      s[j][0] = key < length ? s[j][0] * key_scale.x : -INFINITY;
+      s[j][2] = key < length ? s[j][2] * key_scale.x : -INFINITY;
+      s[j][1] = key + 1 < length ? s[j][1] * key_scale.y : -INFINITY;
+      s[j][3] = key + 1 < length ? s[j][3] * key_scale.y : -INFINITY;
+    }
+    // The online softmax, with O's unit (the value scale reference) raised alongside its maximum.
+    float block_max_a = -INFINITY, block_max_b = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+      block_max_a = fmaxf(block_max_a, fmaxf(s[j][0], s[j][1]));
+      block_max_b = fmaxf(block_max_b, fmaxf(s[j][2], s[j][3]));
+    }
+    const float new_max_a = fmaxf(max_a, detail::quad_max(block_max_a) * p.scale_log2);
+    const float new_max_b = fmaxf(max_b, detail::quad_max(block_max_b) * p.scale_log2);
+    const float new_reference = fmaxf(value_reference, detail::quad_max(value_max));
+    const float unit_rescale = value_reference > 0.0f ? value_reference / new_reference : 1.0f;
+    const float inverse_reference = 1.0f / new_reference;  // a tile holds a key: its scale is > 0
+    const float reference_a = new_max_a == -INFINITY ? 0.0f : new_max_a;
+    const float reference_b = new_max_b == -INFINITY ? 0.0f : new_max_b;
+    const float rescale_a = detail::fast_exp2(max_a - reference_a);
+    const float rescale_b = detail::fast_exp2(max_b - reference_b);
+    max_a = new_max_a;
+    max_b = new_max_b;
+    value_reference = new_reference;
+    float row_sum_a = 0.0f, row_sum_b = 0.0f;
+    uint32_t pa[kTilesN / 2][4];
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+      const float p0 = detail::fast_exp2(s[j][0] * p.scale_log2 - reference_a);
+      const float p1 = detail::fast_exp2(s[j][1] * p.scale_log2 - reference_a);
+      const float p2 = detail::fast_exp2(s[j][2] * p.scale_log2 - reference_b);
+      const float p3 = detail::fast_exp2(s[j][3] * p.scale_log2 - reference_b);
+      row_sum_a += p0 + p1;
+      row_sum_b += p2 + p3;
+      const float w0 = value_scale[j][0] * inverse_reference;
+      const float w1 = value_scale[j][1] * inverse_reference;
+      pa[j / 2][(j % 2) * 2] = pack_f16(p0 * w0, p1 * w1);
+      pa[j / 2][(j % 2) * 2 + 1] = pack_f16(p2 * w0, p3 * w1);
+    }
+    sum_a = sum_a * rescale_a + row_sum_a;  // this lane's share; finish_row_sums adds the quad's
+    sum_b = sum_b * rescale_b + row_sum_b;
+    const float o_rescale_a = rescale_a * unit_rescale, o_rescale_b = rescale_b * unit_rescale;
+#pragma unroll
+    for (int i = 0; i < kTilesD; ++i) {
+      o[i][0] *= o_rescale_a;
+      o[i][1] *= o_rescale_a;
+      o[i][2] *= o_rescale_b;
+      o[i][3] *= o_rescale_b;
+    }
+    // O += P' V: k-step kk covers keys 16 kk .. 16 kk + 15; the lane reads keys 2t, 2t + 1, 2t + 8
+    // and 2t + 9 of it at its column g's bytes.
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      uint32_t rows[4][kLaneValueBytes / 4];
+#pragma unroll
+      for (int which = 0; which < 4; ++which) {
+        const int r = 16 * kk + 2 * t + (which & 1) + 8 * (which >> 1);
+        const uint8_t* row = v_tile + r * kHeadDim;
+        if constexpr (kLaneValueBytes == 16) {
+          const uint4 chunk = *reinterpret_cast<const uint4*>(row + (Tile::value_chunk(r, g) << 4));
+          rows[which][0] = chunk.x;
+          rows[which][1] = chunk.y;
+          rows[which][2] = chunk.z;
+          rows[which][3] = chunk.w;
+        } else {
+          const uint2 half = *reinterpret_cast<const uint2*>(row + kLaneValueBytes * g);
+          rows[which][0] = half.x;
+          rows[which][1] = half.y;
+        }
+      }
+      // A fragment of P for this k-step: n-tiles 2 kk and 2 kk + 1 of S.
+      const uint32_t a[4] = {pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]};
+#pragma unroll
+      for (int word = 0; word < kLaneValueBytes / 4; ++word) {
+        // Bytes b of the word for keys (2t, 2t + 1) and (2t + 8, 2t + 9), paired low key first.
+        const uint32_t low01 = __byte_perm(rows[0][word], rows[1][word], 0x5140);
+        const uint32_t low23 = __byte_perm(rows[0][word], rows[1][word], 0x7362);
+        const uint32_t high01 = __byte_perm(rows[2][word], rows[3][word], 0x5140);
+        const uint32_t high23 = __byte_perm(rows[2][word], rows[3][word], 0x7362);
+        const uint32_t pairs[2][2] = {{low01, high01}, {low23, high23}};
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const uint32_t low = pairs[b / 2][0] >> (16 * (b % 2));
+          const uint32_t high = pairs[b / 2][1] >> (16 * (b % 2));
+          detail::mma_f16_16816(o[4 * word + b], a, fp8::e4m3x2_to_f16x2(low),
+                                fp8::e4m3x2_to_f16x2(high));
+        }
+      }
+    }
+    __syncthreads();  // the next iteration's loads overwrite the stage read here
+  }
+  detail::cp_async_wait<0>();
+
+  float inverse_a, inverse_b;  // zeros for an empty cache or split
+  detail::finish_row_sums(sum_a, sum_b, inverse_a, inverse_b);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + g + 8 * half;
+    if (row >= p.rows) continue;
+    const int head = first_head + query_head_of(p, cache, row);
+    const float factor = (half == 0 ? inverse_a : inverse_b) * value_reference;
+    const int64_t slot = static_cast<int64_t>(split) * p.total_heads + head;
+#pragma unroll
+    for (int i = 0; i < kTilesD; ++i) {
+#pragma unroll
+      for (int column = 0; column < 2; ++column) {
+        const int dim = (2 * t + column) * kLaneValueBytes + i;
+        const float value = o[i][2 * half + column] * factor;
+        if (p.partial_out == nullptr) {
+          p.out[static_cast<int64_t>(head) * kHeadDim + dim] = __float2bfloat16(value);
+        } else {
+          p.partial_out[slot * kHeadDim + dim] = value;
+        }
+      }
+    }
+    if (p.partial_out != nullptr && t == 0) {
+      const float sum = half == 0 ? sum_a : sum_b;
+      const float row_max = half == 0 ? max_a : max_b;
+      p.partial_lse[slot] = sum > 0.0f ? row_max + log2f(sum) : -INFINITY;
+    }
+  }
+}
+
+// Threads per output element of the merge: each sums every kMergeParts-th split, so that the
+// chain of dependent loads per thread is that much shorter.
+constexpr int kMergeParts = 4;
+
+// One block of kMergeParts * head_dim threads per query head: out = sum_s 2^(lse_s - max) O_s /
+// sum_s 2^(lse_s
 // - max), zeros when every split was empty (an empty cache).
 __global__ void ragged_merge_kernel(const float* partial_out, const float* partial_lse, int splits,
                                     int q_heads, int head_dim, bf16* out) {
   wait_for_prerequisite_grids();
   allow_dependent_launch();
-  extern __shared__ float weights[];  // [splits]
+  extern __shared__ float weights[];  // [splits], then the parts' sums [kMergeParts][head_dim]
+  float* part_sums = weights + splits;
   __shared__ float total;
   const int head = blockIdx.x;
   if (threadIdx.x < 32) {
@@ -233,14 +550,15 @@ __global__ void ragged_merge_kernel(const float* partial_out, const float* parti
   }
   __syncthreads();
   const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
-  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
-    float value = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      if (weights[s] != 0.0f) {
-        value +=
-            weights[s] * partial_out[(static_cast<int64_t>(s) * q_heads + head) * head_dim + e];
-      }
-    }
+  const int e = threadIdx.x % head_dim, part = threadIdx.x / head_dim;
+  float value = 0.0f;  // an empty split's partial output is zeros with weight 0
+  for (int s = part; s < splits; s += kMergeParts) {
+    value += weights[s] * partial_out[(static_cast<int64_t>(s) * q_heads + head) * head_dim + e];
+  }
+  part_sums[part * head_dim + e] = value;
+  __syncthreads();
+  if (part == 0) {
+    for (int other = 1; other < kMergeParts; ++other) value += part_sums[other * head_dim + e];
     out[static_cast<int64_t>(head) * head_dim + e] = __float2bfloat16(value * inverse);
   }
 }
@@ -261,6 +579,35 @@ __global__ void ragged_append_kernel(const bf16* k, const bf16* v, int head_dim,
     key_cache[target + e] = k[static_cast<int64_t>(kv_head) * head_dim + e];
     value_cache[target + e] = v[static_cast<int64_t>(kv_head) * head_dim + e];
   }
+  if (threadIdx.x == 0) lengths[cache] = row + 1;
+}
+
+// ragged_append_kernel into FP8 caches: one warp quantizes the key row, another the value row.
+__global__ void ragged_append_fp8_kernel(const bf16* k, const bf16* v, int head_dim,
+                                         int64_t cache_stride, int group, bool per_query_head,
+                                         Fp8KvCache cache_rows, int32_t* lengths) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
+  const int cache = blockIdx.x;
+  const int kv_head = per_query_head ? cache / group : cache;
+  const int row = lengths[cache];
+  __syncthreads();
+  if (row < 0 || row >= cache_stride) return;  // full: the caller broke its guarantee
+  const bool is_value = threadIdx.x >= 32;
+  const int lane = threadIdx.x % 32;
+  const bf16* source = (is_value ? v : k) + static_cast<int64_t>(kv_head) * head_dim;
+  const int64_t target = static_cast<int64_t>(cache) * cache_stride + row;
+  float amax = 0.0f;
+  for (int e = lane; e < head_dim; e += 32) amax = fmaxf(amax, fabsf(__bfloat162float(source[e])));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  const float scale = fp8::row_scale(amax);
+  uint8_t* codes = (is_value ? cache_rows.value_codes : cache_rows.key_codes) + target * head_dim;
+  for (int e = lane; e < head_dim; e += 32) {
+    codes[e] = fp8::to_e4m3(__fdiv_rn(__bfloat162float(source[e]), scale));
+  }
+  if (lane == 0) (is_value ? cache_rows.value_scales : cache_rows.key_scales)[target] = scale;
+  __syncthreads();
   if (threadIdx.x == 0) lengths[cache] = row + 1;
 }
 
@@ -333,25 +680,35 @@ void check_shape(const RaggedShape& shape, bool decode) {
 
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
-template <int kHeadDim>
+// The decode kernel of a head size and storage, with its shared memory.
+template <int kHeadDim, bool kFp8>
+struct DecodeKernel {
+  static constexpr auto function =
+      kFp8 ? ragged_decode_fp8_kernel<kHeadDim> : ragged_decode_kernel<kHeadDim>;
+  static constexpr int shared_bytes =
+      kFp8 ? Fp8RaggedTile<kHeadDim>::kSharedBytes : RaggedTile<kHeadDim>::kSharedBytes;
+};
+
+template <int kHeadDim, bool kFp8>
 void configure_kernel() {
+  using Kernel = DecodeKernel<kHeadDim, kFp8>;
   static const bool configured = [] {
-    check(cudaFuncSetAttribute(ragged_decode_kernel<kHeadDim>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               RaggedTile<kHeadDim>::kSharedBytes),
+    check(cudaFuncSetAttribute(Kernel::function, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               Kernel::shared_bytes),
           "cudaFuncSetAttribute(ragged_decode_kernel)");
     return true;
   }();
   (void)configured;
 }
 
-template <int kHeadDim>
+template <int kHeadDim, bool kFp8>
 int blocks_per_multiprocessor() {
+  using Kernel = DecodeKernel<kHeadDim, kFp8>;
   static const int blocks = [] {
-    configure_kernel<kHeadDim>();
+    configure_kernel<kHeadDim, kFp8>();
     int count = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, ragged_decode_kernel<kHeadDim>, 32,
-                                                        RaggedTile<kHeadDim>::kSharedBytes),
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, Kernel::function, 32,
+                                                        Kernel::shared_bytes),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     return std::max(1, count);
   }();
@@ -363,13 +720,14 @@ int64_t row_blocks(const RaggedShape& shape) {
   return (rows + kRows - 1) / kRows;
 }
 
-template <int kHeadDim>
+template <int kHeadDim, bool kFp8>
 void launch_decode(const RaggedParams& params, int64_t caches, int64_t blocks_x,
                    cudaStream_t stream) {
-  configure_kernel<kHeadDim>();
+  using Kernel = DecodeKernel<kHeadDim, kFp8>;
+  configure_kernel<kHeadDim, kFp8>();
   const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(caches), params.splits);
-  launch_dependent("ragged_decode_kernel", ragged_decode_kernel<kHeadDim>, grid, dim3(32),
-                   RaggedTile<kHeadDim>::kSharedBytes, stream, params);
+  launch_dependent(kFp8 ? "ragged_decode_fp8_kernel" : "ragged_decode_kernel", Kernel::function,
+                   grid, dim3(32), Kernel::shared_bytes, stream, params);
 }
 
 }  // namespace
@@ -381,6 +739,7 @@ int64_t ragged_cache_count(const RaggedShape& shape) {
 void ragged_append(const bf16* k, const bf16* v, const RaggedShape& shape, bf16* key_cache,
                    bf16* value_cache, int32_t* lengths, cudaStream_t stream) {
   check_shape(shape, false);
+  if (shape.fp8) throw Error("ragged append: a shape marked fp8 needs FP8 caches");
   if (k == nullptr || v == nullptr || key_cache == nullptr || value_cache == nullptr ||
       lengths == nullptr) {
     throw Error("ragged append: null pointer");
@@ -393,6 +752,21 @@ void ragged_append(const bf16* k, const bf16* v, const RaggedShape& shape, bf16*
                    key_cache, value_cache, lengths);
 }
 
+void ragged_append(const bf16* k, const bf16* v, const RaggedShape& shape, const Fp8KvCache& cache,
+                   int32_t* lengths, cudaStream_t stream) {
+  check_shape(shape, false);
+  if (!shape.fp8) throw Error("ragged append: FP8 caches need a shape marked fp8");
+  if (k == nullptr || v == nullptr || cache.key_codes == nullptr || cache.value_codes == nullptr ||
+      cache.key_scales == nullptr || cache.value_scales == nullptr || lengths == nullptr) {
+    throw Error("ragged append: null pointer");
+  }
+  const int64_t caches = ragged_cache_count(shape);
+  launch_dependent(
+      "ragged_append_fp8_kernel", ragged_append_fp8_kernel, dim3(static_cast<unsigned>(caches)),
+      dim3(64), 0, stream, k, v, static_cast<int>(shape.head_dim), shape.cache_stride,
+      static_cast<int>(shape.q_heads / shape.kv_heads), shape.per_query_head, cache, lengths);
+}
+
 namespace {
 
 // Splits for `entries` caches of up to shape.max_length rows (see ragged_decode_splits).
@@ -403,9 +777,12 @@ int decode_splits(const RaggedShape& shape, int64_t entries, int requested) {
   if (splits <= 0) {
     // As many splits as fill every multiprocessor once (a partial second wave costs as much as a
     // full one), each split keeping at least two key tiles of the longest cache.
-    const int per_multiprocessor = device_count() == 0    ? 1
-                                   : shape.head_dim == 64 ? blocks_per_multiprocessor<64>()
-                                                          : blocks_per_multiprocessor<128>();
+    const int per_multiprocessor =
+        device_count() == 0 ? 1
+        : shape.fp8         ? (shape.head_dim == 64 ? blocks_per_multiprocessor<64, true>()
+                                                    : blocks_per_multiprocessor<128, true>())
+                            : (shape.head_dim == 64 ? blocks_per_multiprocessor<64, false>()
+                                                    : blocks_per_multiprocessor<128, false>());
     static const int multiprocessors = device_count() > 0 ? multiprocessor_count() : 1;
     const int64_t base = std::max<int64_t>(1, entries * row_blocks(shape));
     splits =
@@ -447,15 +824,23 @@ void run_decode(RaggedParams params, const RaggedShape& shape, int64_t sequences
     params.partial_lse =
         workspace + static_cast<size_t>(splits) * params.total_heads * shape.head_dim;
   }
-  if (shape.head_dim == 128) {
-    launch_decode<128>(params, entries, row_blocks(shape), stream);
+  const int64_t blocks_x = row_blocks(shape);
+  if (shape.fp8) {
+    if (shape.head_dim == 128) {
+      launch_decode<128, true>(params, entries, blocks_x, stream);
+    } else {
+      launch_decode<64, true>(params, entries, blocks_x, stream);
+    }
+  } else if (shape.head_dim == 128) {
+    launch_decode<128, false>(params, entries, blocks_x, stream);
   } else {
-    launch_decode<64>(params, entries, row_blocks(shape), stream);
+    launch_decode<64, false>(params, entries, blocks_x, stream);
   }
   if (splits > 1) {
     launch_dependent("ragged_merge_kernel", ragged_merge_kernel,
                      dim3(static_cast<unsigned>(params.total_heads)),
-                     dim3(static_cast<unsigned>(shape.head_dim)), sizeof(float) * splits, stream,
+                     dim3(static_cast<unsigned>(kMergeParts * shape.head_dim)),
+                     sizeof(float) * (splits + kMergeParts * shape.head_dim), stream,
                      params.partial_out, params.partial_lse, splits, params.total_heads,
                      static_cast<int>(shape.head_dim), params.out);
   }
@@ -512,6 +897,7 @@ void paged_decode(const bf16* q, int64_t q_stride, const RaggedShape& shape,
                   cudaStream_t stream, int splits) {
   check_shape(shape, true);
   check_paged(shape, caches);
+  if (shape.fp8) throw Error("paged decode: pages of FP8 codes are not supported");
   if (q == nullptr || out == nullptr) throw Error("paged decode: null pointer");
   if (!aligned16(q) || q_stride % 8 != 0 || !aligned16(caches.keys) || !aligned16(caches.values) ||
       !aligned16(out)) {
@@ -546,10 +932,35 @@ void paged_store(const bf16* keys, const bf16* values, int64_t cache_stride, int
   check(cudaGetLastError(), "paged_store_kernel");
 }
 
+void ragged_decode(const bf16* q, const Fp8KvCache& cache, const int32_t* lengths,
+                   const RaggedShape& shape, bf16* out, float* workspace, size_t workspace_floats,
+                   cudaStream_t stream, int splits) {
+  check_shape(shape, true);
+  if (!shape.fp8) throw Error("ragged decode: FP8 caches need a shape marked fp8");
+  if (q == nullptr || cache.key_codes == nullptr || cache.value_codes == nullptr ||
+      cache.key_scales == nullptr || cache.value_scales == nullptr || lengths == nullptr ||
+      out == nullptr) {
+    throw Error("ragged decode: null pointer");
+  }
+  if (!aligned16(q) || !aligned16(cache.key_codes) || !aligned16(cache.value_codes)) {
+    throw Error("ragged decode: queries and codes must start on 16-byte boundaries");
+  }
+  RaggedParams params;
+  params.q = q;
+  params.k_codes = cache.key_codes;
+  params.v_codes = cache.value_codes;
+  params.k_scales = cache.key_scales;
+  params.v_scales = cache.value_scales;
+  params.out = out;
+  params.lengths = lengths;
+  run_decode(params, shape, 1, workspace, workspace_floats, stream, splits);
+}
+
 void ragged_decode(const bf16* q, const bf16* key_cache, const bf16* value_cache,
                    const int32_t* lengths, const RaggedShape& shape, bf16* out, float* workspace,
                    size_t workspace_floats, cudaStream_t stream, int splits) {
   check_shape(shape, true);
+  if (shape.fp8) throw Error("ragged decode: a shape marked fp8 needs FP8 caches");
   if (q == nullptr || key_cache == nullptr || value_cache == nullptr || lengths == nullptr ||
       out == nullptr) {
     throw Error("ragged decode: null pointer");

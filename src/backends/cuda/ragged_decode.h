@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "backends/cuda/cuda_common.h"
+#include "backends/cuda/kv_cache_fp8.h"
 
 namespace entropyinfer::cuda {
 
@@ -30,6 +31,8 @@ struct RaggedShape {
   int64_t max_length = 0;
   bool per_query_head = false;
   float scale = 0.0f;  // 0 means 1 / sqrt(head_dim)
+  // The caches hold E4M3 codes with a scale per row (kv_cache_fp8.h): the Fp8KvCache overloads.
+  bool fp8 = false;
 };
 
 // Number of per-head caches: q_heads when per_query_head, else kv_heads.
@@ -42,6 +45,10 @@ int64_t ragged_cache_count(const RaggedShape& shape);
 // (its length too) rather than written past its end.
 void ragged_append(const bf16* k, const bf16* v, const RaggedShape& shape, bf16* key_cache,
                    bf16* value_cache, int32_t* lengths, cudaStream_t stream);
+
+// The same into FP8 caches (shape.fp8): the row is quantized as quantize_kv_rows quantizes it.
+void ragged_append(const bf16* k, const bf16* v, const RaggedShape& shape, const Fp8KvCache& cache,
+                   int32_t* lengths, cudaStream_t stream);
 
 // Splits for ragged_decode: `requested` when positive (clamped to [1, key tiles of max_length]),
 // else a count that fills the GPU once.
@@ -59,6 +66,14 @@ size_t ragged_decode_workspace_floats(const RaggedShape& shape, int splits);
 void ragged_decode(const bf16* q, const bf16* key_cache, const bf16* value_cache,
                    const int32_t* lengths, const RaggedShape& shape, bf16* out, float* workspace,
                    size_t workspace_floats, cudaStream_t stream, int splits = 0);
+
+// ragged_decode over FP8 caches (shape.fp8). The tensor-core products take the codes exactly as
+// fp16 and the queries rounded to fp16; each score is scaled by its key row's scale in fp32, and
+// each probability by its value row's scale relative to the largest one seen so far before it is
+// rounded to fp16 for P*V.
+void ragged_decode(const bf16* q, const Fp8KvCache& cache, const int32_t* lengths,
+                   const RaggedShape& shape, bf16* out, float* workspace, size_t workspace_floats,
+                   cudaStream_t stream, int splits = 0);
 
 // The caches of a batch of sequences in pages, as a serving pool holds them: `batch` sequences of
 // ragged_cache_count(shape) caches each, entry b * caches + c for cache c of sequence b. An entry's

@@ -263,6 +263,11 @@ class CudaBatchModel : public BatchModel {
  public:
   static CudaModelOptions model_options(const ModelConfig& config,
                                         const BatchModelOptions& options) {
+    if (options.fp8_kv_cache) {
+      throw Error(
+          "--kv-cache fp8: the CUDA server's paged pool holds bf16 pages only; serve on the CPU "
+          "or without --kv-cache fp8");
+    }
     CudaModelOptions cuda_options;
     cuda_options.context_length = resolve_context_length(config, options.context_length);
     cuda_options.layer_major_prefill = true;

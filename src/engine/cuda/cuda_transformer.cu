@@ -14,6 +14,7 @@
 #include "backends/cuda/decode_compression.h"
 #include "backends/cuda/device_plans.h"
 #include "backends/cuda/flash_attention.h"
+#include "backends/cuda/kv_cache_fp8.h"
 #include "backends/cuda/prefill_estimate.h"
 #include "backends/cuda/prefill_qkv_epilogue.h"
 #include "backends/cuda/ragged_decode.h"
@@ -222,7 +223,8 @@ class StageTimes {
 
 std::string GpuMemoryPlan::describe() const {
   return gib(total()) + " (weights " + gib(weights) + (fp8_weights ? " with FP8 projections" : "") +
-         ", KV cache " + gib(kv_cache) + ", activations " + gib(activations) + ")";
+         ", KV cache " + gib(kv_cache) + (fp8_kv_cache ? " in FP8" : "") + ", activations " +
+         gib(activations) + ")";
 }
 
 // The widest input an FP8 product quantizes.
@@ -268,6 +270,13 @@ GpuMemoryPlan CudaTransformer::plan(const ModelConfig& config, const CudaModelOp
                     sizeof(bf16) * 2 * static_cast<size_t>(config.num_layers) * config.head_dim *
                         compressed_rows_bound(config, attention.decode, attention.decode_params,
                                               context, options.decode_room);
+  } else if (options.fp8_kv_cache) {
+    // Codes and a scale per row for every layer, and one layer's rows widened to bf16 (staging).
+    plan.kv_cache = 2 * static_cast<size_t>(config.num_layers) *
+                        (static_cast<size_t>(w.kv) + sizeof(float) * config.num_kv_heads) *
+                        context +
+                    sizeof(bf16) * 2 * static_cast<size_t>(w.kv) * context;
+    plan.fp8_kv_cache = true;
   } else {
     plan.kv_cache = sizeof(bf16) * 2 * static_cast<size_t>(config.num_layers) * w.kv * context;
   }
@@ -380,7 +389,14 @@ struct CudaTransformer::State {
     Projection qkv, o, gate_up, down;
     DeviceBuffer<float> attn_norm, mlp_norm, qkv_bias, o_bias, q_norm, k_norm;
     DeviceBuffer<bf16> keys, values;  // [cache heads][cache_stride][head_dim]
-    // After compression: per-head caches of lengths[head] rows (read and advanced on the GPU).
+    // An FP8 cache (fp8_cache) in their place: codes of the same layout, one scale per row.
+    DeviceBuffer<uint8_t> key_codes, value_codes;
+    DeviceBuffer<float> key_scales, value_scales;
+    Fp8KvCache fp8_rows() {
+      return {key_codes.data(), value_codes.data(), key_scales.data(), value_scales.data()};
+    }
+    // After compression, and always with an FP8 cache: per-head caches of lengths[head] rows (read
+    // and advanced on the GPU).
     bool compressed = false;
     bool per_query_head = false;  // cache heads are query heads (the released layout)
     int cache_heads = 0;
@@ -463,6 +479,9 @@ struct CudaTransformer::State {
   ArgmaxWorkspace argmax_workspace;  // the greedy token's argmax over many blocks
 
   bool fp8_weights = false;  // the projections hold FP8 codes (CudaModelOptions::fp8_weights)
+  // CudaModelOptions::fp8_kv_cache: the layers' caches are FP8 and scratch_keys / scratch_values
+  // are the staging slabs that prompt attention and the estimate read.
+  bool fp8_cache = false;
   const bf16* head() const { return config.tied_embeddings ? embedding.data() : lm_head.data(); }
 
   void allocate(const ModelConfig& c, const CudaModelOptions& options) {
@@ -474,6 +493,14 @@ struct CudaTransformer::State {
     w = widths_of(c);
     chunk = std::max(1, std::min(options.chunk_tokens, context));
     fp8_weights = options.fp8_weights;
+    fp8_cache = options.fp8_kv_cache;
+    if (fp8_cache && options.compress_during_prefill) {
+      throw Error("an FP8 KV cache and compress_during_prefill cannot be combined");
+    }
+    if (fp8_cache && config.head_dim % 16 != 0) {
+      throw Error("an FP8 KV cache needs head_dim to be a multiple of 16, not " +
+                  std::to_string(config.head_dim));
+    }
     if (fp8_weights && (w.hidden % 16 != 0 || w.q % 16 != 0 || w.intermediate % 16 != 0)) {
       throw Error(
           "FP8 products need the hidden, query and intermediate widths to be multiples "
@@ -500,10 +527,11 @@ struct CudaTransformer::State {
         layer.q_norm.allocate(w.head_dim);
         layer.k_norm.allocate(w.head_dim);
       }
-      if (!options.compress_during_prefill) {
-        layer.keys.allocate(static_cast<size_t>(w.kv) * context);
-        layer.values.allocate(static_cast<size_t>(w.kv) * context);
-      }
+      if (!options.compress_during_prefill) allocate_full_cache(layer);
+    }
+    if (fp8_cache) {
+      scratch_keys.allocate(static_cast<size_t>(w.kv) * context);
+      scratch_values.allocate(static_cast<size_t>(w.kv) * context);
     }
     embedding.allocate(static_cast<size_t>(w.vocab * w.hidden));
     if (!c.tied_embeddings) lm_head.allocate(static_cast<size_t>(w.vocab * w.hidden));
@@ -537,12 +565,45 @@ struct CudaTransformer::State {
     this->options = options;
   }
 
+  void allocate_full_cache(Layer& layer) {
+    const size_t elements = static_cast<size_t>(w.kv) * context;
+    if (fp8_cache) {
+      layer.key_codes.allocate(elements);
+      layer.value_codes.allocate(elements);
+      layer.key_scales.allocate(static_cast<size_t>(config.num_kv_heads) * context);
+      layer.value_scales.allocate(static_cast<size_t>(config.num_kv_heads) * context);
+    } else {
+      layer.keys.allocate(elements);
+      layer.values.allocate(elements);
+    }
+  }
+
+  void release_cache(Layer& layer) {
+    layer.keys.release();
+    layer.values.release();
+    layer.key_codes.release();
+    layer.value_codes.release();
+    layer.key_scales.release();
+    layer.value_scales.release();
+  }
+
+  // An FP8 full cache decodes as per-head caches of equal lengths (ragged_decode), which its span
+  // writes set and its decode steps advance.
   void full_cache_shape(Layer& layer) {
     layer.compressed = false;
     layer.per_query_head = false;
     layer.cache_heads = config.num_kv_heads;
     layer.cache_stride = context;
     layer.lengths.release();
+    if (fp8_cache) {
+      layer.lengths.allocate(static_cast<size_t>(config.num_kv_heads));
+      check(cudaMemsetAsync(layer.lengths.data(), 0, layer.lengths.bytes(), stream), "lengths");
+      const RaggedShape shape = ragged_shape(layer);
+      layer.decode_splits = ragged_decode_splits(shape);
+      const size_t floats = ragged_decode_workspace_floats(shape, layer.decode_splits);
+      if (ragged_workspace.size() < std::max<size_t>(1, floats))
+        ragged_workspace.allocate(std::max<size_t>(1, floats));
+    }
   }
 
   // Builds the GPU policies of options.attention and their buffers.
@@ -859,6 +920,7 @@ struct CudaTransformer::State {
     shape.cache_stride = layer.cache_stride;
     shape.max_length = layer.cache_stride;
     shape.per_query_head = layer.per_query_head;
+    shape.fp8 = fp8_cache;
     return shape;
   }
 
@@ -898,42 +960,61 @@ struct CudaTransformer::State {
       record_window(layer_index, q, w.qkv, first, m);
     }
     if (recording->capture_inputs) capture(layer_index, q, w.qkv, k, w.qkv, nullptr, 0, m);
-    if (layer.compressed) {
+    if (layer.compressed || (fp8_cache && m == 1)) {
       // Single tokens only (run() feeds a compressed cache one token at a time).
       const RaggedShape shape = ragged_shape(layer);
-      ragged_append(k, v, shape, layer.keys.data(), layer.values.data(), layer.lengths.data(),
-                    stream);
-      ragged_decode(q, layer.keys.data(), layer.values.data(), layer.lengths.data(), shape,
-                    attn_out.data(), ragged_workspace.data(), ragged_workspace.size(), stream,
-                    layer.decode_splits);
+      if (fp8_cache) {
+        ragged_append(k, v, shape, layer.fp8_rows(), layer.lengths.data(), stream);
+        ragged_decode(q, layer.fp8_rows(), layer.lengths.data(), shape, attn_out.data(),
+                      ragged_workspace.data(), ragged_workspace.size(), stream,
+                      layer.decode_splits);
+      } else {
+        ragged_append(k, v, shape, layer.keys.data(), layer.values.data(), layer.lengths.data(),
+                      stream);
+        ragged_decode(q, layer.keys.data(), layer.values.data(), layer.lengths.data(), shape,
+                      attn_out.data(), ragged_workspace.data(), ragged_workspace.size(), stream,
+                      layer.decode_splits);
+      }
     } else {
+      bf16* cache_keys = fp8_cache ? scratch_keys.data() : layer.keys.data();
+      bf16* cache_values = fp8_cache ? scratch_values.data() : layer.values.data();
       {
         const auto timed = stages.scope(Stage::kCacheWrites, stream);
-        append_kv(k, v, m, w.qkv, c.num_kv_heads, w.head_dim, layer.keys.data(),
-                  layer.values.data(), context, first, stream, device_position_pointer);
+        append_kv(k, v, m, w.qkv, c.num_kv_heads, w.head_dim, cache_keys, cache_values, context,
+                  first, stream, device_position_pointer);
+        if (fp8_cache) {
+          // The span's rows into the cache, and the earlier ones back into the staging slabs
+          // that the attention below reads.
+          quantize_kv_rows(cache_keys, cache_values, c.num_kv_heads, context, w.head_dim, first, m,
+                           layer.fp8_rows(), layer.lengths.data(), stream);
+          if (output_rows > 0) {
+            dequantize_kv_rows(layer.fp8_rows(), c.num_kv_heads, context, w.head_dim, 0, first,
+                               cache_keys, cache_values, stream);
+          }
+        }
       }
       const auto timed = stages.scope(Stage::kAttention, stream);
       if (device_position_pointer != nullptr) {
         FlashShape shape = decode_shape(context - 1);  // the largest position sizes the splits
         shape.device_position = device_position_pointer;
-        flash_decode(q, layer.keys.data(), layer.values.data(), shape, attn_out.data(),
-                     decode_workspace.data(), decode_workspace.size(), stream, decode_splits);
+        flash_decode(q, cache_keys, cache_values, shape, attn_out.data(), decode_workspace.data(),
+                     decode_workspace.size(), stream, decode_splits);
       } else if (output_rows == 0) {
         return;  // nothing of this layer's span is read beyond its keys and values
       } else if (output_rows < m) {
         // The span's last row alone, as a decode step over the cache it has just filled.
         const FlashShape shape = decode_shape(static_cast<int>(first + m - 1));
-        flash_decode(q + (m - 1) * w.qkv, layer.keys.data(), layer.values.data(), shape,
+        flash_decode(q + (m - 1) * w.qkv, cache_keys, cache_values, shape,
                      attn_out.data() + (m - 1) * w.q, decode_workspace.data(),
                      decode_workspace.size(), stream);
       } else {
         FlashShape shape = decode_shape(static_cast<int>(first));
         shape.tokens = m;
         if (m == 1) {
-          flash_decode(q, layer.keys.data(), layer.values.data(), shape, attn_out.data(),
-                       decode_workspace.data(), decode_workspace.size(), stream);
+          flash_decode(q, cache_keys, cache_values, shape, attn_out.data(), decode_workspace.data(),
+                       decode_workspace.size(), stream);
         } else {
-          flash_prefill(q, layer.keys.data(), layer.values.data(), shape, attn_out.data(), stream);
+          flash_prefill(q, cache_keys, cache_values, shape, attn_out.data(), stream);
         }
       }
     }
@@ -1230,10 +1311,10 @@ struct CudaTransformer::State {
   }
 
   bf16* pass_keys(int index) {
-    return compress_in_prefill ? scratch_keys.data() : layers[index].keys.data();
+    return compress_in_prefill || fp8_cache ? scratch_keys.data() : layers[index].keys.data();
   }
   bf16* pass_values(int index) {
-    return compress_in_prefill ? scratch_values.data() : layers[index].values.data();
+    return compress_in_prefill || fp8_cache ? scratch_values.data() : layers[index].values.data();
   }
 
   // Rows t0 .. t0+m-1 through the layer's q/k/v product, their rotated queries into the prompt's
@@ -1304,6 +1385,7 @@ struct CudaTransformer::State {
         estimator->estimate(prompt_q.data(), w.q, n, index, stream);
         recording->prefill_plans.push_back(estimator->download_last(stream));
       }
+      store_fp8_rows(index, n);
       pass.host_keys += static_cast<int64_t>(config.num_kv_heads) * n;
       pass.attention_timer.start(stream);
       flash_decode(prompt_q.data() + (n - 1) * w.q, pass_keys(index), pass_values(index),
@@ -1333,7 +1415,18 @@ struct CudaTransformer::State {
         check(cudaStreamSynchronize(stream), "plan download");
       }
     }
+    store_fp8_rows(index, n);
     return false;
+  }
+
+  // With an FP8 cache: the prompt's n rows of layer `index`, estimated from at full precision, go
+  // into its cache; its attention then reads the staging slabs as the cache reads back.
+  void store_fp8_rows(int index, int64_t n) {
+    if (!fp8_cache) return;
+    const auto timed = stages.scope(Stage::kCacheWrites, stream);
+    quantize_kv_rows(scratch_keys.data(), scratch_values.data(), config.num_kv_heads, context,
+                     w.head_dim, 0, n, layers[index].fp8_rows(), layers[index].lengths.data(),
+                     stream);
   }
 
   // Queries first .. end-1 of the layer under pass.plan, in token-layers. A pass run whole needs
@@ -1406,7 +1499,10 @@ struct CudaTransformer::State {
 
   size_t cache_bytes() const {
     size_t total = 0;
-    for (const Layer& layer : layers) total += layer.keys.bytes() + layer.values.bytes();
+    for (const Layer& layer : layers) {
+      total += layer.keys.bytes() + layer.values.bytes() + layer.key_codes.bytes() +
+               layer.value_codes.bytes() + layer.key_scales.bytes() + layer.value_scales.bytes();
+    }
     return total;
   }
 
@@ -1419,8 +1515,16 @@ struct CudaTransformer::State {
     begin_compression(position);
     for (int index = 0; index < config.num_layers; ++index) {
       Layer& layer = layers[index];
-      compress_layer(index, layer.keys.data(), layer.values.data(), position,
-                     schedule.window_tokens());
+      if (fp8_cache) {
+        // The scores read the rows as the cache holds them, widened; the codes move as they are.
+        dequantize_kv_rows(layer.fp8_rows(), config.num_kv_heads, context, w.head_dim, 0, position,
+                           scratch_keys.data(), scratch_values.data(), stream);
+        compress_layer(index, scratch_keys.data(), scratch_values.data(), position,
+                       schedule.window_tokens());
+      } else {
+        compress_layer(index, layer.keys.data(), layer.values.data(), position,
+                       schedule.window_tokens());
+      }
     }
     finish_compression();
   }
@@ -1489,17 +1593,31 @@ struct CudaTransformer::State {
     work.cache_entries_after += offsets.back();
     const int64_t stride = longest + room;
     const auto allocation_start = std::chrono::steady_clock::now();
-    DeviceBuffer<bf16> keys(static_cast<size_t>(plan.heads) * stride * w.head_dim);
-    DeviceBuffer<bf16> values(static_cast<size_t>(plan.heads) * stride * w.head_dim);
-    DeviceBuffer<int32_t> lengths(static_cast<size_t>(plan.heads));
+    Layer compact;
+    const size_t elements = static_cast<size_t>(plan.heads) * stride * w.head_dim;
+    if (fp8_cache) {
+      compact.key_codes.allocate(elements);
+      compact.value_codes.allocate(elements);
+      compact.key_scales.allocate(static_cast<size_t>(plan.heads) * stride);
+      compact.value_scales.allocate(static_cast<size_t>(plan.heads) * stride);
+    } else {
+      compact.keys.allocate(elements);
+      compact.values.allocate(elements);
+    }
+    compact.lengths.allocate(static_cast<size_t>(plan.heads));
     compression_memory_seconds += seconds_since(allocation_start);
-    compact_cache(full_keys, full_values, context, config.num_kv_heads, config.head_dim, plan,
-                  plan.per_query_head ? group : 1, keys.data(), values.data(), stride,
-                  lengths.data(), stream);
+    if (fp8_cache) {
+      compact_cache(layer.fp8_rows(), context, config.num_kv_heads, config.head_dim, plan,
+                    plan.per_query_head ? group : 1, compact.fp8_rows(), stride,
+                    compact.lengths.data(), stream);
+    } else {
+      compact_cache(full_keys, full_values, context, config.num_kv_heads, config.head_dim, plan,
+                    plan.per_query_head ? group : 1, compact.keys.data(), compact.values.data(),
+                    stride, compact.lengths.data(), stream);
+    }
     check(cudaStreamSynchronize(stream), "cache compaction");  // before the old cache is freed
     const auto install_start = std::chrono::steady_clock::now();
-    install_ragged(layer, std::move(keys), std::move(values), std::move(lengths), plan.heads,
-                   plan.per_query_head, stride);
+    install_ragged(layer, std::move(compact), plan.heads, plan.per_query_head, stride);
     compression_memory_seconds += seconds_since(install_start);
     compression_seconds += seconds_since(start);
   }
@@ -1524,16 +1642,22 @@ struct CudaTransformer::State {
     DeviceBuffer<int32_t> lengths(static_cast<size_t>(heads));
     lengths.upload(host_lengths.data(), host_lengths.size());
     check(cudaStreamSynchronize(stream), "cache copy");  // before the full-size cache is reused
-    install_ragged(layer, std::move(keys), std::move(values), std::move(lengths), heads, false,
-                   stride);
+    Layer whole;
+    whole.keys = std::move(keys);
+    whole.values = std::move(values);
+    whole.lengths = std::move(lengths);
+    install_ragged(layer, std::move(whole), heads, false, stride);
   }
 
-  void install_ragged(Layer& layer, DeviceBuffer<bf16> keys, DeviceBuffer<bf16> values,
-                      DeviceBuffer<int32_t> lengths, int heads, bool per_query_head,
-                      int64_t stride) {
-    layer.keys = std::move(keys);
-    layer.values = std::move(values);
-    layer.lengths = std::move(lengths);
+  // The caches and lengths of `compact` (bf16 or FP8) become the layer's, the old ones are freed.
+  void install_ragged(Layer& layer, Layer compact, int heads, bool per_query_head, int64_t stride) {
+    layer.keys = std::move(compact.keys);
+    layer.values = std::move(compact.values);
+    layer.key_codes = std::move(compact.key_codes);
+    layer.value_codes = std::move(compact.value_codes);
+    layer.key_scales = std::move(compact.key_scales);
+    layer.value_scales = std::move(compact.value_scales);
+    layer.lengths = std::move(compact.lengths);
     layer.compressed = true;
     layer.per_query_head = per_query_head;
     layer.cache_heads = heads;
@@ -1545,7 +1669,9 @@ struct CudaTransformer::State {
   }
 
   void finish_compression() {
-    ragged_workspace.allocate(compression_workspace_floats);
+    // An FP8 cache's uncompressed layers decode through the same workspace.
+    if (ragged_workspace.size() < compression_workspace_floats)
+      ragged_workspace.allocate(compression_workspace_floats);
     work.cache_bytes_after = cache_bytes();
     work.compressed = true;
     compressed = true;
@@ -1569,16 +1695,17 @@ struct CudaTransformer::State {
       drop_graph();
       for (Layer& layer : layers) {
         if (!layer.compressed) continue;
-        layer.keys.release();
-        layer.values.release();
-        if (!compress_in_prefill) {  // that mode has no full cache per layer
-          layer.keys.allocate(static_cast<size_t>(w.kv) * context);
-          layer.values.allocate(static_cast<size_t>(w.kv) * context);
-        }
+        release_cache(layer);
+        if (!compress_in_prefill) allocate_full_cache(layer);  // that mode has none per layer
         full_cache_shape(layer);
       }
-      ragged_workspace.release();
+      if (!fp8_cache) ragged_workspace.release();
       compressed = false;
+    }
+    if (fp8_cache) {  // the next span starts at row 0 of every head
+      for (Layer& layer : layers) {
+        check(cudaMemsetAsync(layer.lengths.data(), 0, layer.lengths.bytes(), stream), "lengths");
+      }
     }
   }
 
