@@ -7,12 +7,17 @@
 #   OUT            output folder (the device run sets it)
 #   GPU_ROUND      what to run: comma-separated subset of
 #                  build,quality,tests,generate,checkpoint,attention,sparse,model,methods,bench,gemm,
-#                  fp8,tuning,profile,needle,inspect,capacity,serve (default: all but quality, checkpoint,
-#                  gemm, fp8, tuning, profile, needle, inspect, capacity and serve)
-#   fp8            FP8 against bf16 (after gemm, whose JSON it reads): the model bench in both
-#                  formats (FP8_PREFILL, MODEL_DECODE), FP8_METHODS (default full,entropy+latent) at
-#                  FP8_METHOD_LENGTHS (default 130816) + NEW_TOKENS in both, transformers' bf16 end
-#                  to end; merged by bench/gpu/fp8_report.py into fp8.md and fp8.json
+#                  fp8,fp8quality,tuning,profile,needle,inspect,capacity,serve (default: all but quality,
+#                  checkpoint, gemm, fp8, fp8quality, tuning, profile, needle, inspect, capacity and
+#                  serve)
+#   fp8quality     the shipped model's eval (FP8_EVAL_TASKS, FP8_EVAL_LENGTHS, FP8_EVAL_SAMPLES,
+#                  FP8_EVAL_METHODS, FP8_EVAL_BUDGETS) in bf16, with --weights fp8 and with
+#                  --kv-cache fp8 (carry .cache/assets-text)
+#   fp8            FP8 against bf16 (after gemm, whose JSON it reads when it ran): the model bench
+#                  with bf16, FP8 projections, and FP8 projections with the FP8 KV cache
+#                  (FP8_PREFILL, MODEL_DECODE), FP8_METHODS (default full,entropy+latent) at
+#                  FP8_METHOD_LENGTHS (default 130816) + NEW_TOKENS in the same three, transformers'
+#                  bf16 end to end; merged by bench/gpu/fp8_report.py into fp8.md and fp8.json
 #   checkpoint     a 16 GB Llama-3.1-8B-shaped bf16 folder saved by transformers: cold load to ready
 #                  against from_pretrained (CHECKPOINT_LOADS runs each), generate on a
 #                  CHECKPOINT_PROMPT-token prompt (default 130816) per method of METHODS next to bench,
@@ -172,6 +177,28 @@ if [[ "${steps}" == *",quality,"* && -x "${build}/entropyinfer" ]]; then
     --json "${out}/eval.json" --markdown "${out}/eval.md" --plots "${out}/eval-plots" 2>> "${log}" |
     tee -a "${log}" | tail -5 || step_failed "eval"
   summary+=("quality: $(( $(date +%s) - start )) s")
+fi
+
+if [[ "${steps}" == *",fp8quality,"* && -x "${build}/entropyinfer" ]]; then
+  # The shipped model's eval in bf16, with FP8 projections (quantized at load) and with the FP8 KV
+  # cache, each alone, on the same samples: fp8-eval-<variant>.{json,md}, tarred into fp8-eval.tar.
+  section fp8quality
+  start=$(date +%s)
+  model_dir="${repo_root}/models/needle-llama-11m"
+  text_dir="${TEXT_DIR:-${repo_root}/.cache/assets-text}"
+  for variant in bf16 fp8-weights fp8-cache; do
+    variant_args=()
+    [[ "${variant}" == fp8-weights ]] && variant_args=(--weights fp8)
+    [[ "${variant}" == fp8-cache ]] && variant_args=(--kv-cache fp8)
+    timeout -k 10 240 "${build}/entropyinfer" eval -m "${model_dir}" --device cuda --text-dir "${text_dir}" \
+      --tasks "${FP8_EVAL_TASKS:-niah_single,niah_multikey}" --lengths "${FP8_EVAL_LENGTHS:-4096,16384}" \
+      --samples "${FP8_EVAL_SAMPLES:-100}" --methods "${FP8_EVAL_METHODS:-full,entropy+latent}" \
+      --budgets "${FP8_EVAL_BUDGETS:-512}" "${variant_args[@]}" --json "${out}/fp8-eval-${variant}.json" \
+      --markdown "${out}/fp8-eval-${variant}.md" 2>> "${log}" | tee -a "${log}" | tail -3 ||
+      step_failed "eval (${variant})"
+  done
+  (cd "${out}" && tar cf fp8-eval.tar fp8-eval-*.json fp8-eval-*.md && rm -f fp8-eval-*.json fp8-eval-*.md)
+  summary+=("fp8quality: $(( $(date +%s) - start )) s")
 fi
 
 if [[ "${steps}" == *",tests,"* && -x "${build}/entropyinfer_gpu_tests" ]]; then
@@ -340,16 +367,22 @@ if [[ "${steps}" == *",fp8,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
   # FP8 against bf16 in one call: products (the gemm step's JSON, run it first), the whole model
   # in both formats, and the methods end to end in both formats next to transformers' bf16.
   section fp8
-  for weights in bf16 fp8; do
-    timeout -k 10 240 "${build}/entropyinfer_gpu_bench" model --weights "${weights}" --prefill "${FP8_PREFILL:-131072}" \
-      --decode-contexts "${model_decode}" --json "${out}/fp8-model-${weights}.json" 2>&1 | tee -a "${log}" ||
-      step_failed "model benchmark (${weights})"
+  # Variants: bf16, FP8 projections, and FP8 projections with the FP8 KV cache ("fp8-cache").
+  for variant in bf16 fp8 fp8-cache; do
+    weights="${variant%-cache}" cache=bf16
+    [[ "${variant}" == *-cache ]] && cache=fp8
+    timeout -k 10 240 "${build}/entropyinfer_gpu_bench" model --weights "${weights}" --kv-cache "${cache}" \
+      --prefill "${FP8_PREFILL:-131072}" --decode-contexts "${model_decode}" \
+      --json "${out}/fp8-model-${variant}.json" 2>&1 | tee -a "${log}" ||
+      step_failed "model benchmark (${variant})"
   done
-  for weights in as-stored fp8; do
+  for variant in as-stored fp8 fp8-cache; do
+    weights="${variant%-cache}" cache=auto
+    [[ "${variant}" == *-cache ]] && cache=fp8
     timeout -k 10 300 "${build}/entropyinfer" bench --device cuda --random-model llama-3.1-8b \
       -p "${FP8_METHOD_LENGTHS:-130816}" -n "${new_tokens}" -r 1 --methods "${FP8_METHODS:-full,entropy+latent}" \
-      --weights "${weights}" --json "${out}/fp8-methods-${weights}.json" 2>&1 | tee -a "${log}" ||
-      step_failed "methods benchmark (${weights})"
+      --weights "${weights}" --kv-cache "${cache}" --json "${out}/fp8-methods-${variant}.json" 2>&1 |
+      tee -a "${log}" || step_failed "methods benchmark (${variant})"
   done
   timeout -k 10 300 python3 "${repo_root}/bench/gpu/hf_reference.py" --prefill "" --decode-contexts "" \
     --e2e "${FP8_METHOD_LENGTHS:-130816}" --new-tokens "${new_tokens}" --json "${out}/fp8-hf.json" 2>&1 |
@@ -357,6 +390,7 @@ if [[ "${steps}" == *",fp8,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
   python3 "${repo_root}/bench/gpu/fp8_report.py" --gemm "${out}/gemm-ours.json" \
     --model-bf16 "${out}/fp8-model-bf16.json" --model-fp8 "${out}/fp8-model-fp8.json" \
     --methods-bf16 "${out}/fp8-methods-as-stored.json" --methods-fp8 "${out}/fp8-methods-fp8.json" \
+    --model-fp8-cache "${out}/fp8-model-fp8-cache.json" --methods-fp8-cache "${out}/fp8-methods-fp8-cache.json" \
     --hf "${out}/fp8-hf.json" --date "$(date -u +%Y-%m-%d)" \
     --command "GPU_ROUND=${GPU_ROUND:-} scripts/gpu_round.sh" --json "${out}/fp8.json" --markdown "${out}/fp8.md" |
     tee -a "${log}" || step_failed "FP8 report"

@@ -1,8 +1,8 @@
 // Whole-model speed of the CUDA transformer on a model of a real shape with random weights (bf16,
-// or FP8 projections with --weights fp8; batch 1): prefill seconds and prompt tokens/s at each
-// prompt length, decode ms/token at each context with its memory-bandwidth floor (weight bytes read
-// per token plus the K/V bytes, over the device copy bandwidth measured in the same run), and the
-// GPU memory in use.
+// or FP8 projections with --weights fp8; a bf16 or, with --kv-cache fp8, FP8 cache; batch 1):
+// prefill seconds and prompt tokens/s at each prompt length, decode ms/token at each context with
+// its memory-bandwidth floor (weight bytes read per token plus the K/V bytes, over the device copy
+// bandwidth measured in the same run), and the GPU memory in use.
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -22,7 +22,7 @@ int run_model_bench(int argc, char** argv) {
   std::vector<int64_t> prefill_lengths = {16384, 32768, 65536, 131072};
   std::vector<int64_t> decode_contexts = {32768, 131072};
   int decode_tokens = 32, chunk_tokens = 16384;
-  bool fp8 = false;
+  bool fp8 = false, fp8_cache = false;
   for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {
     if (flag == "--shape") {
       shape = value;
@@ -37,6 +37,9 @@ int run_model_bench(int argc, char** argv) {
     } else if (flag == "--weights") {
       if (value != "fp8" && value != "bf16") throw std::invalid_argument("--weights: bf16 or fp8");
       fp8 = value == "fp8";
+    } else if (flag == "--kv-cache") {
+      if (value != "fp8" && value != "bf16") throw std::invalid_argument("--kv-cache: bf16 or fp8");
+      fp8_cache = value == "fp8";
     } else if (flag == "--json") {
       json_path = value;
     } else {
@@ -55,7 +58,9 @@ int run_model_bench(int argc, char** argv) {
   cuda::CudaModelOptions options;
   options.chunk_tokens = chunk_tokens;
   options.fp8_weights = fp8;
+  options.fp8_kv_cache = fp8_cache;
   report["weights"] = fp8 ? "fp8" : "bf16";
+  report["kv_cache"] = fp8_cache ? "fp8" : "bf16";
   const auto load_start = std::chrono::steady_clock::now();
   cuda::CudaTransformer model(config, 1234, options);
   report["load_seconds"] = seconds_since(load_start);
@@ -113,8 +118,11 @@ int run_model_bench(int argc, char** argv) {
     }
     std::sort(times.begin(), times.end());
     const double median_ms = 1e3 * times[times.size() / 2];
-    const double kv_bytes = 2.0 * 2.0 * config.num_layers * static_cast<double>(kv_width) *
-                            static_cast<double>(prefix + decode_tokens / 2);
+    // K and V of every row: bf16, or a byte per element and a float per row of each head.
+    const double row_bytes = fp8_cache ? static_cast<double>(kv_width) + 4.0 * config.num_kv_heads
+                                       : 2.0 * static_cast<double>(kv_width);
+    const double kv_bytes =
+        2.0 * config.num_layers * row_bytes * static_cast<double>(prefix + decode_tokens / 2);
     // The floor reads each byte once at the copy bandwidth (which counts bytes read plus written).
     const double floor_ms = 1e3 * (weight_bytes + kv_bytes) / (copy_gbps * 1e9);
     report["decode"].push_back({{"context", context},
