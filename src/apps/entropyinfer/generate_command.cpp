@@ -97,6 +97,8 @@ void run_generate(const GenerateArgs& args) {
     if (model_config.max_position_embeddings > 0)
       context = std::min(context, model_config.max_position_embeddings);
   }
+  // Named before open_language_model, which empties the weights when the GPU takes its own copy.
+  const std::string fp8_scheme = weights.fp8_scheme;
   const std::unique_ptr<LanguageModel> model = open_language_model(
       args.device, weights, context, attention, /*decode_room=*/std::max(args.max_tokens, 1));
   const double load_seconds = seconds_since(load_start);
@@ -104,8 +106,7 @@ void run_generate(const GenerateArgs& args) {
   model->warm_up();
   const double warm_up_seconds = seconds_since(warm_up_start);
   if (!args.quiet) {
-    const std::string fp8_weights =
-        weights.fp8_scheme.empty() ? "" : " | FP8 weights: " + weights.fp8_scheme;
+    const std::string fp8_weights = fp8_scheme.empty() ? "" : " | FP8 weights: " + fp8_scheme;
     const std::string fp8_cache =
         args.device.fp8_kv_cache() ? " | KV cache fp8 (E4M3, one scale per row)" : "";
     std::fprintf(stderr,
