@@ -36,6 +36,9 @@ int compute_capability();
 // Number of multiprocessors of the current device.
 int multiprocessor_count();
 
+// Whether `stream` is being captured into a CUDA graph (work that synchronises must wait).
+bool stream_capturing(cudaStream_t stream);
+
 // Throws Error naming the bytes asked for and the bytes free. Every allocation of the engine goes
 // through here (DeviceBuffer does), so that its current and peak GPU memory can be reported.
 void* device_allocate(size_t bytes);

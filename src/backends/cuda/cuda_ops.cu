@@ -595,13 +595,6 @@ constexpr float kTuneMargin = 0.03f;
 
 namespace {
 
-// Tuning never runs while the stream is being captured into a graph (it synchronises).
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-  return capture != cudaStreamCaptureStatusNone;
-}
-
 // The median of kTuneRuns timed runs of `launch` (a candidate, already run once untimed).
 float median_run_ms(EventStopwatch& stopwatch, cudaStream_t stream,
                     const std::function<void()>& launch) {
@@ -762,7 +755,7 @@ std::vector<float> Blas::time_plan_candidates(const Plan& plan, int count, const
 // The heuristic's first choice stays unless another is faster by kTuneMargin (fastest_with_margin).
 void Blas::tune(Plan& plan, const bf16* x, const bf16* w) {
   const int count = std::exchange(plan.candidate_count, 0);  // tuned at most once, whatever happens
-  if (capturing(stream_)) return;
+  if (stream_capturing(stream_)) return;  // tuning synchronises: never inside a graph capture
   DeviceBuffer<uint8_t> scratch;
   try {
     scratch.allocate(plan.output_bytes);
@@ -837,7 +830,7 @@ std::pair<int, int> Blas::gemv_configuration(const bf16* x, int64_t in, const bf
   if (auto found = gemv_configurations_.find(key); found != gemv_configurations_.end())
     return found->second;
   const std::pair<int, int> fallback{kGemvInFlight, kGemvThreads};
-  if (!tune_gemv_ || capturing(stream_)) return fallback;  // tuned on an eager run
+  if (!tune_gemv_ || stream_capturing(stream_)) return fallback;  // tuned on an eager run
   DeviceBuffer<float> scratch;
   try {
     scratch.allocate(static_cast<size_t>(out));

@@ -263,12 +263,6 @@ void launch_fp8_gemv(const bf16* x, const DeviceMatrix& w, int64_t in, int64_t o
 
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-  return capture != cudaStreamCaptureStatusNone;
-}
-
 }  // namespace
 
 void quantize_rows_fp8(const bf16* x, int64_t rows, int64_t width, int64_t x_stride,
@@ -389,7 +383,7 @@ void Blas::linear_fp8(const bf16* x, int64_t tokens, int64_t in, const DeviceMat
   const size_t codes =
       static_cast<size_t>(tokens) * static_cast<size_t>(in) * (tokens == 1 ? 2 : 1);
   if (fp8_inputs_.size() < codes || fp8_input_scales_.size() < static_cast<size_t>(tokens)) {
-    if (capturing(stream_)) {
+    if (stream_capturing(stream_)) {
       throw Error("FP8 product: the input scratch for " + std::to_string(tokens) + " rows of " +
                   std::to_string(in) + " was not reserved before graph capture");
     }
