@@ -7,9 +7,12 @@
 #   OUT            output folder (the device run sets it)
 #   GPU_ROUND      what to run: comma-separated subset of
 #                  build,quality,tests,generate,checkpoint,attention,sparse,model,methods,bench,gemm,
-#                  fp8,fp8quality,tuning,profile,needle,inspect,capacity,serve (default: all but quality,
-#                  checkpoint, gemm, fp8, fp8quality, tuning, profile, needle, inspect, capacity and
-#                  serve)
+#                  fp8,fp8quality,protocols,tuning,profile,needle,inspect,capacity,serve (default: all
+#                  but quality, checkpoint, gemm, fp8, fp8quality, protocols, tuning, profile, needle,
+#                  inspect, capacity and serve)
+#   protocols      the shipped model's eval under the quality lab's protocols (PROTOCOLS, PROTOCOL_TASKS,
+#                  PROTOCOL_LENGTHS, PROTOCOL_BUDGETS, PROTOCOL_METHODS; sized to PROTOCOL_SECONDS,
+#                  at most PROTOCOL_SAMPLES per cell; carry .cache/assets-text)
 #   fp8quality     the shipped model's eval (FP8_EVAL_TASKS, FP8_EVAL_LENGTHS, FP8_EVAL_SAMPLES,
 #                  FP8_EVAL_METHODS, FP8_EVAL_BUDGETS) in bf16, with --weights fp8 and with
 #                  --kv-cache fp8 (carry .cache/assets-text)
@@ -177,6 +180,35 @@ if [[ "${steps}" == *",quality,"* && -x "${build}/entropyinfer" ]]; then
     --json "${out}/eval.json" --markdown "${out}/eval.md" --plots "${out}/eval-plots" 2>> "${log}" |
     tee -a "${log}" | tail -5 || step_failed "eval"
   summary+=("quality: $(( $(date +%s) - start )) s")
+fi
+
+if [[ "${steps}" == *",protocols,"* && -x "${build}/entropyinfer" ]]; then
+  # The quality lab's protocols on the shipped model: every method under context-first and
+  # multi-turn at the budgets and lengths the quality-lab issue names, sized to PROTOCOL_SECONDS
+  # from a 2-sample probe of the same grid (at most PROTOCOL_SAMPLES per cell): protocols.json.gz,
+  # protocols.md and protocols-plots.tar.
+  section protocols
+  start=$(date +%s)
+  model_dir="${repo_root}/models/needle-llama-11m"
+  text_dir="${TEXT_DIR:-${repo_root}/.cache/assets-text}"
+  protocol_args=(eval -m "${model_dir}" --device cuda --text-dir "${text_dir}"
+                 --tasks "${PROTOCOL_TASKS:-niah_single,niah_multikey}" --lengths "${PROTOCOL_LENGTHS:-16384,32768}"
+                 --budgets "${PROTOCOL_BUDGETS:-512,2048}" --protocols "${PROTOCOLS:-context-first,multi-turn}"
+                 --methods "${PROTOCOL_METHODS:-full,entropy+latent,entropy-segment+latent,critiprefill+full,full+snapkv,full+adakv,full+pyramidkv,full+streaming}")
+  probe_start=$(date +%s%N)
+  timeout -k 10 240 "${build}/entropyinfer" "${protocol_args[@]}" --samples 2 --json /tmp/protocols-probe.json \
+    >> "${log}" 2>&1 || step_failed "protocols probe"
+  probe_seconds=$(( ($(date +%s%N) - probe_start) / 1000000000 + 1 ))
+  samples=$(python3 -c "import sys; p=float(sys.argv[1]); print(max(2, min(int(sys.argv[3]), int(float(sys.argv[2]) / max(p / 2, 1e-3)))))" \
+            "${probe_seconds}" "${PROTOCOL_SECONDS:-240}" "${PROTOCOL_SAMPLES:-200}")
+  echo "protocols probe: ${probe_seconds} s for 2 samples per cell; running ${samples} per cell" | tee -a "${log}"
+  mkdir -p "${out}/protocols-plots"
+  timeout -k 10 $(( ${PROTOCOL_SECONDS:-240} * 2 )) "${build}/entropyinfer" "${protocol_args[@]}" --samples "${samples}" \
+    --json "${out}/protocols.json" --markdown "${out}/protocols.md" --plots "${out}/protocols-plots" 2>> "${log}" |
+    tee -a "${log}" | tail -5 || step_failed "protocols eval"
+  gzip -f "${out}/protocols.json"
+  (cd "${out}" && tar cf protocols-plots.tar protocols-plots && rm -rf protocols-plots)
+  summary+=("protocols: $(( $(date +%s) - start )) s")
 fi
 
 if [[ "${steps}" == *",fp8quality,"* && -x "${build}/entropyinfer" ]]; then
