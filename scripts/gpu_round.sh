@@ -76,6 +76,19 @@ status=0
 summary=()
 step_failed() { summary+=("FAILED: $1"); status=1; }
 section() { printf '\n==== %s\n' "$1" >> "${log}"; }
+# size_eval LABEL SECONDS MOST ARGS...: probes `entropyinfer ARGS` with 2 samples per cell and sets
+# `samples` to what fits SECONDS (at least 2, at most MOST).
+size_eval() {
+  local label=$1 seconds=$2 most=$3 probe_start probe_seconds
+  shift 3
+  probe_start=$(date +%s%N)
+  timeout -k 10 240 "${build}/entropyinfer" "$@" --samples 2 --json "/tmp/${label}-probe.json" \
+    >> "${log}" 2>&1 || step_failed "${label} probe"
+  probe_seconds=$(( ($(date +%s%N) - probe_start) / 1000000000 + 1 ))
+  samples=$(python3 -c "import sys; p=float(sys.argv[1]); print(max(2, min(int(sys.argv[3]), int(float(sys.argv[2]) / max(p / 2, 1e-3)))))" \
+            "${probe_seconds}" "${seconds}" "${most}")
+  echo "${label} probe: ${probe_seconds} s for 2 samples per cell; running ${samples} per cell" | tee -a "${log}"
+}
 # seeded_repeat LABEL GENERATE_ARGS...: seeded sampling on cuda (-t 0.8 --top-p 0.9 -s 7) twice, which
 # must give the same text.
 seeded_repeat() {
@@ -168,13 +181,7 @@ if [[ "${steps}" == *",quality,"* && -x "${build}/entropyinfer" ]]; then
   fi
   eval_args=(eval -m "${model_dir}" --device cuda --text-dir "${text_dir}" --lengths "${EVAL_LENGTHS:-4096,8192,16384,32768}"
              --budgets "${EVAL_BUDGETS:-512,1024,2048}")
-  probe_start=$(date +%s%N)
-  timeout -k 10 240 "${build}/entropyinfer" "${eval_args[@]}" --samples 2 --json /tmp/eval-probe.json \
-    >> "${log}" 2>&1 || step_failed "eval probe"
-  probe_seconds=$(( ($(date +%s%N) - probe_start) / 1000000000 + 1 ))
-  samples=$(python3 -c "import sys; p=float(sys.argv[1]); print(max(2, min(int(sys.argv[3]), int(float(sys.argv[2]) / max(p / 2, 1e-3)))))" \
-            "${probe_seconds}" "${EVAL_SECONDS:-300}" "${EVAL_SAMPLES:-20}")
-  echo "eval probe: ${probe_seconds} s for 2 samples per cell; running ${samples} per cell" | tee -a "${log}"
+  size_eval eval "${EVAL_SECONDS:-300}" "${EVAL_SAMPLES:-20}" "${eval_args[@]}"
   mkdir -p "${out}/eval-plots"
   timeout -k 10 $(( ${EVAL_SECONDS:-300} * 2 )) "${build}/entropyinfer" "${eval_args[@]}" --samples "${samples}" \
     --json "${out}/eval.json" --markdown "${out}/eval.md" --plots "${out}/eval-plots" 2>> "${log}" |
@@ -192,16 +199,10 @@ if [[ "${steps}" == *",protocols,"* && -x "${build}/entropyinfer" ]]; then
   model_dir="${repo_root}/models/needle-llama-11m"
   text_dir="${TEXT_DIR:-${repo_root}/.cache/assets-text}"
   protocol_args=(eval -m "${model_dir}" --device cuda --text-dir "${text_dir}"
-                 --tasks "${PROTOCOL_TASKS:-niah_single,niah_multikey}" --lengths "${PROTOCOL_LENGTHS:-16384,32768}"
+                 --tasks "${PROTOCOL_TASKS:-niah_single,niah_multikey}" --lengths "${PROTOCOL_LENGTHS:-16384,32704}"
                  --budgets "${PROTOCOL_BUDGETS:-512,2048}" --protocols "${PROTOCOLS:-context-first,multi-turn}"
                  --methods "${PROTOCOL_METHODS:-full,entropy+latent,entropy-segment+latent,critiprefill+full,full+snapkv,full+adakv,full+pyramidkv,full+streaming}")
-  probe_start=$(date +%s%N)
-  timeout -k 10 240 "${build}/entropyinfer" "${protocol_args[@]}" --samples 2 --json /tmp/protocols-probe.json \
-    >> "${log}" 2>&1 || step_failed "protocols probe"
-  probe_seconds=$(( ($(date +%s%N) - probe_start) / 1000000000 + 1 ))
-  samples=$(python3 -c "import sys; p=float(sys.argv[1]); print(max(2, min(int(sys.argv[3]), int(float(sys.argv[2]) / max(p / 2, 1e-3)))))" \
-            "${probe_seconds}" "${PROTOCOL_SECONDS:-240}" "${PROTOCOL_SAMPLES:-200}")
-  echo "protocols probe: ${probe_seconds} s for 2 samples per cell; running ${samples} per cell" | tee -a "${log}"
+  size_eval protocols "${PROTOCOL_SECONDS:-240}" "${PROTOCOL_SAMPLES:-200}" "${protocol_args[@]}"
   mkdir -p "${out}/protocols-plots"
   timeout -k 10 $(( ${PROTOCOL_SECONDS:-240} * 2 )) "${build}/entropyinfer" "${protocol_args[@]}" --samples "${samples}" \
     --json "${out}/protocols.json" --markdown "${out}/protocols.md" --plots "${out}/protocols-plots" 2>> "${log}" |
