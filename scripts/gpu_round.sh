@@ -10,9 +10,10 @@
 #                  fp8,fp8quality,protocols,tuning,profile,needle,inspect,capacity,serve (default: all
 #                  but quality, checkpoint, gemm, fp8, fp8quality, protocols, tuning, profile, needle,
 #                  inspect, capacity and serve)
-#   protocols      the shipped model's eval under the quality lab's protocols (PROTOCOLS, PROTOCOL_TASKS,
-#                  PROTOCOL_LENGTHS, PROTOCOL_BUDGETS, PROTOCOL_METHODS; sized to PROTOCOL_SECONDS,
-#                  at most PROTOCOL_SAMPLES per cell; carry .cache/assets-text)
+#   protocols      a model's eval under the quality lab's protocols (PROTOCOL_MODEL, default the shipped
+#                  model; PROTOCOLS, PROTOCOL_TASKS, PROTOCOL_LENGTHS, PROTOCOL_BUDGETS, PROTOCOL_METHODS),
+#                  one eval per protocol, each sized to its entry of PROTOCOL_SECONDS (one number, or
+#                  one per protocol), at most PROTOCOL_SAMPLES per cell; carry .cache/assets-text
 #   fp8quality     the shipped model's eval (FP8_EVAL_TASKS, FP8_EVAL_LENGTHS, FP8_EVAL_SAMPLES,
 #                  FP8_EVAL_METHODS, FP8_EVAL_BUDGETS) in bf16, with --weights fp8 and with
 #                  --kv-cache fp8 (carry .cache/assets-text)
@@ -36,6 +37,7 @@
 #                  TUNING_LENGTH (default 130816), TUNING_REPS (default 2)
 #   CAPACITY_METHODS (default full,entropy+snapkv), CAPACITY_PREFILL_SECONDS (default 300),
 #                  CAPACITY_TIMEOUT (default 560)
+#   BUILD_TARGETS  what build builds (default entropyinfer_gpu_tests entropyinfer_gpu_bench entropyinfer)
 #   TESTS_FILTER   GoogleTest filter of the GPU tests other than the Hopper kernel's (default *)
 #   EVAL_SECONDS   quality: time for the eval of the shipped model (default 300); EVAL_SAMPLES at most
 #                  (default 20) samples per cell; EVAL_LENGTHS, EVAL_BUDGETS; TEXT_DIR (carry .cache/assets-text)
@@ -85,8 +87,18 @@ size_eval() {
   timeout -k 10 240 "${build}/entropyinfer" "$@" --samples 2 --json "/tmp/${label}-probe.json" \
     >> "${log}" 2>&1 || step_failed "${label} probe"
   probe_seconds=$(( ($(date +%s%N) - probe_start) / 1000000000 + 1 ))
-  samples=$(python3 -c "import sys; p=float(sys.argv[1]); print(max(2, min(int(sys.argv[3]), int(float(sys.argv[2]) / max(p / 2, 1e-3)))))" \
-            "${probe_seconds}" "${seconds}" "${most}")
+  # The probe's runs time their own samples: what a sample costs without the model's load and
+  # warm-up, which a 2-sample probe's wall time is mostly made of. 10% is left for preparing them.
+  samples=$(python3 - "/tmp/${label}-probe.json" "${probe_seconds}" "${seconds}" "${most}" <<'PY'
+import json, sys
+path, wall, seconds, most = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+try:
+    per_sample = sum(run["seconds"] for run in json.load(open(path))["runs"]) / 2
+except (OSError, ValueError, KeyError):
+    per_sample = wall / 2
+print(max(2, min(most, int(0.9 * seconds / max(per_sample, 1e-3)))))
+PY
+)
   echo "${label} probe: ${probe_seconds} s for 2 samples per cell; running ${samples} per cell" | tee -a "${log}"
 }
 # seeded_repeat LABEL GENERATE_ARGS...: seeded sampling on cuda (-t 0.8 --top-p 0.9 -s 7) twice, which
@@ -158,7 +170,7 @@ if [[ "${steps}" == *",build,"* ]]; then
   { cmake -S "${repo_root}" -B "${build}" -G Ninja -DCMAKE_BUILD_TYPE=Release -DENTROPYINFER_CUDA=ON \
       -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" \
       -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="${deps}/usr" &&
-    ninja -C "${build}" -j"${jobs}" entropyinfer_gpu_tests entropyinfer_gpu_bench entropyinfer; } >> "${log}" 2>&1 ||
+    ninja -C "${build}" -j"${jobs}" ${BUILD_TARGETS:-entropyinfer_gpu_tests entropyinfer_gpu_bench entropyinfer}; } >> "${log}" 2>&1 ||
     { step_failed "build"; grep -E "error|Error" "${log}" | head -30; }
   summary+=("build: $(( $(date +%s) - start )) s")
 fi
@@ -190,26 +202,33 @@ if [[ "${steps}" == *",quality,"* && -x "${build}/entropyinfer" ]]; then
 fi
 
 if [[ "${steps}" == *",protocols,"* && -x "${build}/entropyinfer" ]]; then
-  # The quality lab's protocols on the shipped model: every method under context-first and
-  # multi-turn at the budgets and lengths the quality-lab issue names, sized to PROTOCOL_SECONDS
-  # from a 2-sample probe of the same grid (at most PROTOCOL_SAMPLES per cell): protocols.json.gz,
-  # protocols.md and protocols-plots.tar.
+  # The quality lab's protocols: every method at the budgets and lengths the quality-lab issue
+  # names, one eval per protocol (each sized to PROTOCOL_SECONDS from a 2-sample probe of its own
+  # grid, at most PROTOCOL_SAMPLES per cell): protocols-P.json.gz, protocols-P.md and
+  # protocols-P-plots.tar for each protocol P.
   section protocols
-  start=$(date +%s)
-  model_dir="${repo_root}/models/needle-llama-11m"
+  model_dir="${PROTOCOL_MODEL:-${repo_root}/models/needle-llama-11m}"
   text_dir="${TEXT_DIR:-${repo_root}/.cache/assets-text}"
-  protocol_args=(eval -m "${model_dir}" --device cuda --text-dir "${text_dir}"
-                 --tasks "${PROTOCOL_TASKS:-niah_single,niah_multikey}" --lengths "${PROTOCOL_LENGTHS:-16384,32704}"
-                 --budgets "${PROTOCOL_BUDGETS:-512,2048}" --protocols "${PROTOCOLS:-context-first,multi-turn}"
-                 --methods "${PROTOCOL_METHODS:-full,entropy+latent,entropy-segment+latent,critiprefill+full,full+snapkv,full+adakv,full+pyramidkv,full+streaming}")
-  size_eval protocols "${PROTOCOL_SECONDS:-240}" "${PROTOCOL_SAMPLES:-200}" "${protocol_args[@]}"
-  mkdir -p "${out}/protocols-plots"
-  timeout -k 10 $(( ${PROTOCOL_SECONDS:-240} * 2 )) "${build}/entropyinfer" "${protocol_args[@]}" --samples "${samples}" \
-    --json "${out}/protocols.json" --markdown "${out}/protocols.md" --plots "${out}/protocols-plots" 2>> "${log}" |
-    tee -a "${log}" | tail -5 || step_failed "protocols eval"
-  gzip -f "${out}/protocols.json"
-  (cd "${out}" && tar cf protocols-plots.tar protocols-plots && rm -rf protocols-plots)
-  summary+=("protocols: $(( $(date +%s) - start )) s")
+  IFS=, read -r -a protocol_list <<< "${PROTOCOLS:-context-first,multi-turn}"
+  IFS=, read -r -a protocol_seconds_list <<< "${PROTOCOL_SECONDS:-240}"
+  for index in "${!protocol_list[@]}"; do
+    protocol=${protocol_list[index]}
+    protocol_seconds=${protocol_seconds_list[index]:-${protocol_seconds_list[-1]}}
+    start=$(date +%s)
+    protocol_args=(eval -m "${model_dir}" --device cuda --text-dir "${text_dir}"
+                   --tasks "${PROTOCOL_TASKS:-niah_single,niah_multikey}" --lengths "${PROTOCOL_LENGTHS:-16384,32704}"
+                   --budgets "${PROTOCOL_BUDGETS:-512,2048}" --protocols "${protocol}"
+                   --methods "${PROTOCOL_METHODS:-full,entropy+latent,entropy-segment+latent,critiprefill+full,full+snapkv,full+adakv,full+pyramidkv,full+streaming}")
+    size_eval "protocols-${protocol}" "${protocol_seconds}" "${PROTOCOL_SAMPLES:-200}" "${protocol_args[@]}"
+    mkdir -p "${out}/protocols-${protocol}-plots"
+    timeout -k 10 $(( protocol_seconds * 2 )) "${build}/entropyinfer" "${protocol_args[@]}" --samples "${samples}" \
+      --json "${out}/protocols-${protocol}.json" --markdown "${out}/protocols-${protocol}.md" \
+      --plots "${out}/protocols-${protocol}-plots" 2>> "${log}" | tee -a "${log}" | tail -5 ||
+      step_failed "protocols eval (${protocol})"
+    gzip -f "${out}/protocols-${protocol}.json"
+    (cd "${out}" && tar cf "protocols-${protocol}-plots.tar" "protocols-${protocol}-plots" && rm -rf "protocols-${protocol}-plots")
+    summary+=("protocols ${protocol}: ${samples} samples per cell, $(( $(date +%s) - start )) s")
+  done
 fi
 
 if [[ "${steps}" == *",fp8quality,"* && -x "${build}/entropyinfer" ]]; then
