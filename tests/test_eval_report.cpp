@@ -326,6 +326,41 @@ TEST(EvalIntervals, MethodsDifferOnlyWhereTheIntervalsSeparate) {
   EXPECT_TRUE(has_interval);
 }
 
+// The report lists every cell where another method's interval lies wholly above EntropyInfer's
+// (the first entropy method), and says so when there is none.
+TEST(EvalIntervals, CellsWhereABaselineBeatsEntropyInferAreListed) {
+  EvalReport report = three_method_report();
+  std::string markdown = eval_report_markdown(report);
+  EXPECT_NE(
+      markdown.find("## Where another method beats entropy+latent beyond the 95% intervals\n\n"
+                    "None: no method's interval lies wholly above entropy+latent's"),
+      std::string::npos)
+      << markdown;
+
+  // A baseline at 100% against entropy+latent at 50%: listed as better, and full (90%) too;
+  // full+streaming (30%) is worse, which this section leaves out.
+  report.methods = {"full", "entropy-segment+latent", "entropy+latent", "critiprefill+full",
+                    "full+streaming"};
+  report.runs[1] = binary_run("entropy+latent", 40, 20);
+  report.runs.push_back(binary_run("critiprefill+full", 40, 40));
+  report.runs.push_back(binary_run("entropy-segment+latent", 40, 20));
+  markdown = eval_report_markdown(report);
+  const size_t section = markdown.find("## Where another method beats entropy+latent");
+  ASSERT_NE(section, std::string::npos) << markdown;
+  const std::string listed =
+      markdown.substr(section, markdown.find("\n## ", section + 1) - section);
+  EXPECT_NE(listed.find(
+                "- budget 512, niah_single at 4096: critiprefill+full better (100.0 against 50.0)"),
+            std::string::npos)
+      << listed;
+  EXPECT_NE(listed.find("- budget 512, niah_single at 4096: full better (90.0 against 50.0)"),
+            std::string::npos)
+      << listed;
+  EXPECT_EQ(listed.find("full+streaming"), std::string::npos) << listed;
+  EXPECT_EQ(listed.find("entropy-segment+latent"), std::string::npos) << listed;
+  EXPECT_EQ(count_of(listed, "\n- "), 2) << listed;
+}
+
 }  // namespace
 }  // namespace entropyinfer::eval
 

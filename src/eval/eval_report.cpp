@@ -570,6 +570,45 @@ std::string eval_report_markdown(const EvalReport& report) {
 
 namespace {
 
+// One line per cell where a method's 95% interval separates from `reference`'s at the same budget
+// level ("- budget B, task at L: method better|worse (x against y)"); only the better ones when
+// `better_only`.
+std::vector<std::string> differences_against(const EvalReport& report, const std::string& reference,
+                                             bool better_only) {
+  std::vector<std::string> lines;
+  for (int budget : report.budgets) {
+    const EvalRun* base = find_run(report, reference, budget);
+    if (base == nullptr) continue;
+    for (const std::string& method : report.methods) {
+      if (method == reference) continue;
+      const EvalRun* run = find_run(report, method, budget);
+      if (run == nullptr || run == base) continue;
+      for (const std::string& task : report.tasks) {
+        for (int length : report.lengths) {
+          const int order = compare_cells(*run, *base, task, length);
+          if (order == 0 || (better_only && order < 0)) continue;
+          lines.push_back("- budget " + std::to_string(budget) + ", " + escape_cell(task) + " at " +
+                          std::to_string(length) + ": " + escape_cell(method) + " " +
+                          (order > 0 ? "better" : "worse") + " (" +
+                          format_accuracy(cell_accuracy(*run, task, length)) + " against " +
+                          format_accuracy(cell_accuracy(*base, task, length)) + ")");
+        }
+      }
+    }
+  }
+  return lines;
+}
+
+// EntropyInfer as the report names it: the first method whose prefill is `entropy` (its
+// per-segment variant, entropy-segment, is one of the methods it is compared with); empty when
+// the report has none.
+std::string entropyinfer_method(const EvalReport& report) {
+  for (const std::string& method : report.methods) {
+    if (method == "entropy" || method.rfind("entropy+", 0) == 0) return method;
+  }
+  return "";
+}
+
 std::string markdown_tables(const EvalReport& report) {
   std::ostringstream text;
 
@@ -648,28 +687,22 @@ std::string markdown_tables(const EvalReport& report) {
          << format_accuracy(interval_half_width(0.9, report.samples_per_cell))
          << " points; telling 90% from 85% there takes " << samples_to_resolve(0.9, 2.5)
          << " samples per cell).\n\n";
-    std::vector<std::string> lines;
-    for (int budget : report.budgets) {
-      const EvalRun* base = find_run(report, reference, budget);
-      if (base == nullptr) continue;
-      for (const std::string& method : report.methods) {
-        if (method == reference) continue;
-        const EvalRun* run = find_run(report, method, budget);
-        if (run == nullptr || run == base) continue;
-        for (const std::string& task : report.tasks) {
-          for (int length : report.lengths) {
-            const int order = compare_cells(*run, *base, task, length);
-            if (order == 0) continue;
-            lines.push_back("- budget " + std::to_string(budget) + ", " + escape_cell(task) +
-                            " at " + std::to_string(length) + ": " + escape_cell(method) + " " +
-                            (order > 0 ? "better" : "worse") + " (" +
-                            format_accuracy(cell_accuracy(*run, task, length)) + " against " +
-                            format_accuracy(cell_accuracy(*base, task, length)) + ")");
-          }
-        }
-      }
-    }
+    const std::vector<std::string> lines = differences_against(report, reference, false);
     if (lines.empty()) text << "None: every cell's intervals overlap.\n";
+    for (const std::string& line : lines) text << line << "\n";
+  }
+  // The method's claim is better answers than its baselines at the same budget: every cell where
+  // another method's interval lies wholly above EntropyInfer's is listed, for the reader to
+  // explain.
+  const std::string method_under_test = entropyinfer_method(report);
+  if (!method_under_test.empty()) {
+    text << "\n## Where another method beats " << escape_cell(method_under_test)
+         << " beyond the 95% intervals\n\n";
+    const std::vector<std::string> lines = differences_against(report, method_under_test, true);
+    if (lines.empty()) {
+      text << "None: no method's interval lies wholly above " << escape_cell(method_under_test)
+           << "'s on any cell.\n";
+    }
     for (const std::string& line : lines) text << line << "\n";
   }
 
