@@ -6,10 +6,11 @@ if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
 endif()
 
 # The core sources behind the fuzzed parsers, built again with coverage instrumentation, ASan and
-# UBSan; the engine, backends and evaluation code would only add build time.
+# UBSan (the evaluation report's reader and the task code it hashes with among them); the engine
+# and backends would only add build time.
 set(ENTROPYINFER_FUZZ_CORE_SOURCES ${ENTROPYINFER_CORE_SOURCES})
 list(FILTER ENTROPYINFER_FUZZ_CORE_SOURCES INCLUDE REGEX
-  "/src/(core/|tokenizer/|model/(safetensors|model_config|model_weights|llama2c_loader)|attention/attention_config|serve/openai_protocol)")
+  "/src/(core/|tokenizer/|model/(safetensors|model_config|model_weights|llama2c_loader)|attention/attention_config|serve/openai_protocol|eval/(eval_report|ruler_tasks))")
 # Every undefined-behaviour report aborts, so that libFuzzer counts it as a crash.
 set(ENTROPYINFER_FUZZ_SANITIZERS -fsanitize=address,undefined -fno-sanitize-recover=all
   -fno-omit-frame-pointer)
@@ -20,7 +21,7 @@ target_compile_options(entropyinfer_fuzz_core PRIVATE ${ENTROPYINFER_WARNINGS}
 target_link_libraries(entropyinfer_fuzz_core PUBLIC nlohmann_json::nlohmann_json)
 
 set(ENTROPYINFER_FUZZ_TARGETS safetensors_header safetensors_index config_json tokenizer_json
-  sentencepiece_model tiktoken llama2c_checkpoint llama2c_tokenizer attention_config openai_request)
+  sentencepiece_model tiktoken llama2c_checkpoint llama2c_tokenizer attention_config openai_request eval_report)
 add_custom_target(entropyinfer_fuzzers)
 foreach(target IN LISTS ENTROPYINFER_FUZZ_TARGETS)
   add_executable(${target}_fuzzer fuzz/${target}_fuzzer.cpp)

@@ -11,6 +11,7 @@
 #include "attention/attention_config.h"
 #include "core/error.h"
 #include "core/json_reader.h"
+#include "eval/eval_report.h"
 #include "model/model_config.h"
 #include "model/model_weights.h"
 #include "model/safetensors.h"
@@ -178,6 +179,17 @@ void fuzz_openai_request(const uint8_t* data, size_t size) {
     } catch (const serve::ApiError& error) {
       serve::error_body(error);
     }
+  }
+}
+
+// Reports given by path to `entropyinfer eval-report`. The report is drawn too: its tables,
+// intervals and rankings read every value the file holds.
+void fuzz_eval_report(const uint8_t* data, size_t size) {
+  try {
+    const eval::EvalReport report =
+        eval::eval_report_from_json(parse_json(as_text(data, size), kSource));
+    eval::eval_report_markdown(report);
+  } catch (const Error&) {
   }
 }
 

@@ -19,5 +19,6 @@ void fuzz_llama2c_checkpoint(const uint8_t* data, size_t size);
 void fuzz_llama2c_tokenizer(const uint8_t* data, size_t size);
 void fuzz_attention_config(const uint8_t* data, size_t size);
 void fuzz_openai_request(const uint8_t* data, size_t size);
+void fuzz_eval_report(const uint8_t* data, size_t size);
 
 }  // namespace entropyinfer::fuzz

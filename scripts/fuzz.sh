@@ -39,8 +39,9 @@ targets=(
   llama2c_tokenizer:1048576
   attention_config:4096
   openai_request:65536
+  eval_report:16384
 )
-json_targets=" safetensors_header safetensors_index config_json tokenizer_json attention_config openai_request "
+json_targets=" safetensors_header safetensors_index config_json tokenizer_json attention_config openai_request eval_report "
 
 # Seeds are rebuilt on every run; the corpus (what the fuzzer found) stays between local runs.
 rm -rf "${build}/seeds" "${build}/crashes" "${build}/results"

@@ -8,9 +8,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli_test_support.h"
 #include "test_support.h"
@@ -208,9 +211,141 @@ TEST_F(EvalFixture, RunsEveryMethodAtEveryLevelAndWritesTheReports) {
     const std::string svg = testing::read_file_bytes(plots + "/" + name);
     EXPECT_EQ(count_of(svg, "<polyline"), 6) << name;
   }
-  fs::remove(json_path);
-  fs::remove(markdown_path);
+
+  // eval-report draws the same report again from the JSON alone.
+  const std::string again_json = test_temp_path("again.json");
+  const std::string again_markdown = test_temp_path("again.md");
+  const std::string again_plots = test_temp_path("again-plots");
+  const CommandResult again = run_cli("eval-report " + json_path + " --json " + again_json +
+                                      " --markdown " + again_markdown + " --plots " + again_plots);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(again.out, result.out);
+  EXPECT_EQ(testing::read_file_bytes(again_markdown), result.out);
+  EXPECT_EQ(nlohmann::json::parse(testing::read_file_bytes(again_json)), json);
+  for (const fs::directory_entry& entry : fs::directory_iterator(plots)) {
+    EXPECT_EQ(testing::read_file_bytes((fs::path(again_plots) / entry.path().filename()).string()),
+              testing::read_file_bytes(entry.path().string()))
+        << entry.path();
+  }
+  for (const std::string& path : {json_path, markdown_path, again_json, again_markdown}) {
+    fs::remove(path);
+  }
   fs::remove_all(plots);
+  fs::remove_all(again_plots);
+}
+
+// Shards of one evaluation (--first-sample) merged by eval-report give the scores, intervals and
+// rankings one evaluation of all their samples gives; a sample in two shards, or shards of
+// different evaluations, are errors.
+TEST_F(EvalFixture, ShardsMergeIntoTheReportOfOneEvaluation) {
+  ENTROPYINFER_REQUIRE_ASSET("text/janeausten/persuasion.txt");
+  const std::string common = "eval -m " + model() + " --text-dir " + text_dir() +
+                             " --tasks niah_single,niah_multikey --lengths 512,1024 --budgets 64"
+                             " --methods full,entropy+latent,full+snapkv --segment-size 64"
+                             " --dense-layers 0 --threads 2";
+  const std::string whole = test_temp_path("whole.json");
+  const std::string first = test_temp_path("first.json");
+  const std::string second = test_temp_path("second.json");
+  const std::string merged = test_temp_path("merged.json");
+  ASSERT_EQ(run_cli(common + " --samples 3 --json " + whole).exit_code, 0);
+  ASSERT_EQ(run_cli(common + " --samples 2 --json " + first).exit_code, 0);
+  const CommandResult second_run =
+      run_cli(common + " --samples 1 --first-sample 2 --json " + second);
+  ASSERT_EQ(second_run.exit_code, 0) << second_run.err;
+  const CommandResult merge = run_cli("eval-report " + second + " " + first + " --json " + merged);
+  ASSERT_EQ(merge.exit_code, 0) << merge.err;
+
+  const nlohmann::json expected = nlohmann::json::parse(testing::read_file_bytes(whole));
+  const nlohmann::json actual = nlohmann::json::parse(testing::read_file_bytes(merged));
+  EXPECT_EQ(actual["samples_per_cell"], 3);
+  EXPECT_EQ(actual["accuracy"], expected["accuracy"]);
+  EXPECT_EQ(actual["averages"], expected["averages"]);
+  ASSERT_EQ(actual["runs"].size(), expected["runs"].size());
+  for (size_t r = 0; r < actual["runs"].size(); ++r) {
+    nlohmann::json a = actual["runs"][r]["samples"], b = expected["runs"][r]["samples"];
+    ASSERT_EQ(a.size(), 12u);
+    for (nlohmann::json* samples : {&a, &b}) {
+      for (nlohmann::json& sample : *samples) sample.erase("seconds");
+    }
+    EXPECT_EQ(a, b) << actual["runs"][r]["method"];
+  }
+  const auto ranking = [](const std::string& markdown) {
+    return markdown.substr(markdown.find("## Ranking per budget"),
+                           markdown.find("## Work") - markdown.find("## Ranking per budget"));
+  };
+  EXPECT_EQ(ranking(merge.out),
+            ranking(nlohmann::json::parse(testing::read_file_bytes(whole))["markdown"]));
+
+  expect_error(run_cli("eval-report " + first + " " + first), "in two shards");
+  const std::string other = test_temp_path("other.json");
+  ASSERT_EQ(run_cli(common + " --samples 1 --seed 5 --json " + other).exit_code, 0);
+  expect_error(run_cli("eval-report " + first + " " + other), "'seed'");
+  for (const std::string& path : {whole, first, second, merged, other}) fs::remove(path);
+}
+
+// A report file that is missing, not a file, not JSON, or holds values no eval writes is one
+// error naming the problem, and nothing is written.
+TEST(EvalReportCommand, BadReportFilesAreOneClearError) {
+  expect_error(run_cli("eval-report /nonexistent/eval.json"), "/nonexistent/eval.json");
+  expect_error(run_cli("eval-report " + fs::temp_directory_path().string()), "eval report");
+  const nlohmann::json sample = {{"task", "niah_single"},
+                                 {"length", 1024},
+                                 {"index", 0},
+                                 {"prompt_tokens", 1000},
+                                 {"answers", {"plum"}},
+                                 {"prediction", " plum."},
+                                 {"score", 1.0},
+                                 {"seconds", 0.5},
+                                 {"prefill_keys_fraction", 0.5},
+                                 {"cache_kept_fraction", 1.0}};
+  const nlohmann::json good = {{"date", "2026-12-03T00:00:00Z"},
+                               {"command", "entropyinfer eval"},
+                               {"model", "m"},
+                               {"device", "cpu"},
+                               {"seed", 0},
+                               {"samples_per_cell", 1},
+                               {"tasks", {"niah_single"}},
+                               {"lengths", {1024}},
+                               {"budgets", {512}},
+                               {"methods", {"full"}},
+                               {"protocols", {"context-first"}},
+                               {"notes", ""},
+                               {"runs",
+                                {{{"method", "full"},
+                                  {"budget", 0},
+                                  {"protocol", "context-first"},
+                                  {"attention", nlohmann::json::object()},
+                                  {"seconds", 0.5},
+                                  {"samples", {sample}}}}}};
+  const std::string path = test_temp_path("report.json");
+  const auto write = [&](const std::string& text) { std::ofstream(path) << text; };
+  write(good.dump());
+  const CommandResult ok = run_cli("eval-report " + path);
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("| full | none (dense) | 100.0 | 100.0 |"), std::string::npos) << ok.out;
+
+  write("{\"date\": ");
+  expect_error(run_cli("eval-report " + path), "report.json");
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> bad = {
+      {[](nlohmann::json& j) { j["runs"][0]["samples"][0]["score"] = 5; }, "'score' is 5"},
+      {[](nlohmann::json& j) { j["samples_per_cell"] = 1e10; },
+       "'samples_per_cell' must be a whole"},
+      {[](nlohmann::json& j) { j["samples_per_cell"] = 10000000000LL; }, "in range"},
+      {[](nlohmann::json& j) { j["samples_per_cell"] = 0; }, "at least 1"},
+      {[](nlohmann::json& j) { j["lengths"] = {1.5}; }, "'lengths' (an element) must be a whole"},
+      {[](nlohmann::json& j) { j["lengths"] = {-4}; }, "'lengths' must be positive"},
+      {[](nlohmann::json& j) { j["seed"] = -1; }, "'seed' must be in range"},
+      {[](nlohmann::json& j) { j["tasks"] = "niah_single"; }, "'tasks' must be an array"},
+      {[](nlohmann::json& j) { j["model"] = 7; }, "'model' must be a string"},
+      {[](nlohmann::json& j) { j["runs"][0]["samples"][0].erase("prediction"); }, "'prediction'"},
+  };
+  for (const auto& [spoil, message] : bad) {
+    nlohmann::json spoilt = good;
+    spoil(spoilt);
+    write(spoilt.dump());
+    expect_error(run_cli("eval-report " + path), message);
+  }
+  fs::remove(path);
 }
 
 TEST_F(EvalFixture, BadFlagsAreOneClearError) {

@@ -35,6 +35,7 @@ constexpr FuzzTarget kTargets[] = {
     {"llama2c_tokenizer", fuzz::fuzz_llama2c_tokenizer},
     {"attention_config", fuzz::fuzz_attention_config},
     {"openai_request", fuzz::fuzz_openai_request},
+    {"eval_report", fuzz::fuzz_eval_report},
 };
 
 void PrintTo(const FuzzTarget& target, std::ostream* out) { *out << target.name; }

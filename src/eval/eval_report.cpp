@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <random>
 #include <sstream>
+#include <tuple>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/svg_heatmap.h"
@@ -77,13 +80,62 @@ const nlohmann::json& field(const nlohmann::json& object, const char* key, const
 }
 
 template <typename T>
-T read(const nlohmann::json& object, const char* key, const char* where) {
-  const nlohmann::json& value = field(object, key, where);
-  try {
-    return value.get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw Error(std::string("eval report: ") + where + " field '" + key + "' has the wrong type");
+struct IsVector : std::false_type {};
+template <typename T>
+struct IsVector<std::vector<T>> : std::true_type {};
+
+// A JSON value as T, refusing what nlohmann's get<T>() would convert silently or with undefined
+// behaviour: a fraction or an out-of-range number read as an integer, a number read as a string.
+template <typename T>
+T typed_value(const nlohmann::json& value, const std::string& name) {
+  const auto wrong = [&](const char* expected) {
+    return Error("eval report: " + name + " must be " + expected);
+  };
+  if constexpr (IsVector<T>::value) {
+    if (!value.is_array()) throw wrong("an array");
+    T items;
+    for (const nlohmann::json& item : value) {
+      items.push_back(typed_value<typename T::value_type>(item, name + " (an element)"));
+    }
+    return items;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!value.is_string()) throw wrong("a string");
+    return value.get<std::string>();
+  } else if constexpr (std::is_same_v<T, double>) {
+    if (!value.is_number()) throw wrong("a number");
+    return value.get<double>();
+  } else {
+    static_assert(std::is_integral_v<T>);
+    if (!value.is_number_integer()) throw wrong("a whole number");
+    if (value.is_number_unsigned()) {
+      const uint64_t number = value.get<uint64_t>();
+      if (number > static_cast<uint64_t>(std::numeric_limits<T>::max())) throw wrong("in range");
+      return static_cast<T>(number);
+    }
+    const int64_t number = value.get<int64_t>();
+    if (number < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+        (number > 0 && static_cast<uint64_t>(number) > std::numeric_limits<T>::max())) {
+      throw wrong("in range");
+    }
+    return static_cast<T>(number);
   }
+}
+
+template <typename T>
+T read(const nlohmann::json& object, const char* key, const char* where) {
+  return typed_value<T>(field(object, key, where), std::string(where) + " field '" + key + "'");
+}
+
+// A number read from a report that must lie in [low, high].
+double read_in_range(const nlohmann::json& object, const char* key, const char* where, double low,
+                     double high) {
+  const double value = read<double>(object, key, where);
+  if (!(value >= low && value <= high)) {
+    throw Error("eval report: " + std::string(where) + " field '" + key + "' is " +
+                std::to_string(value) + ", outside [" + std::to_string(low) + ", " +
+                std::to_string(high) + "]");
+  }
+  return value;
 }
 
 // --- The line chart --------------------------------------------------------------------------
@@ -503,9 +555,17 @@ EvalReport eval_report_from_json(const nlohmann::json& json) {
   report.device = read<std::string>(json, "device", "the report");
   report.seed = read<uint64_t>(json, "seed", "the report");
   report.samples_per_cell = read<int>(json, "samples_per_cell", "the report");
+  if (report.samples_per_cell < 1)
+    throw Error("eval report: 'samples_per_cell' must be at least 1");
   report.tasks = read<std::vector<std::string>>(json, "tasks", "the report");
   report.lengths = read<std::vector<int>>(json, "lengths", "the report");
   report.budgets = read<std::vector<int>>(json, "budgets", "the report");
+  for (int length : report.lengths) {
+    if (length < 1) throw Error("eval report: 'lengths' must be positive");
+  }
+  for (int budget : report.budgets) {
+    if (budget < 0) throw Error("eval report: 'budgets' must not be negative");
+  }
   report.methods = read<std::vector<std::string>>(json, "methods", "the report");
   // Reports older than the protocols were all query-aware.
   if (json.contains("protocols"))
@@ -520,7 +580,7 @@ EvalReport eval_report_from_json(const nlohmann::json& json) {
     if (run_json.contains("protocol"))
       run.protocol = read<std::string>(run_json, "protocol", "a run");
     run.attention = field(run_json, "attention", "a run");
-    run.seconds = read<double>(run_json, "seconds", "a run");
+    run.seconds = read_in_range(run_json, "seconds", "a run", 0.0, 1e12);
     const nlohmann::json& samples = field(run_json, "samples", "a run");
     if (!samples.is_array()) throw Error("eval report: a run's 'samples' must be an array");
     for (const nlohmann::json& sample_json : samples) {
@@ -531,15 +591,83 @@ EvalReport eval_report_from_json(const nlohmann::json& json) {
       sample.prompt_tokens = read<int>(sample_json, "prompt_tokens", "a sample");
       sample.answers = read<std::vector<std::string>>(sample_json, "answers", "a sample");
       sample.prediction = read<std::string>(sample_json, "prediction", "a sample");
-      sample.score = read<double>(sample_json, "score", "a sample");
-      sample.seconds = read<double>(sample_json, "seconds", "a sample");
-      sample.prefill_keys_fraction = read<double>(sample_json, "prefill_keys_fraction", "a sample");
-      sample.cache_kept_fraction = read<double>(sample_json, "cache_kept_fraction", "a sample");
+      sample.score = read_in_range(sample_json, "score", "a sample", 0.0, 1.0);
+      sample.seconds = read_in_range(sample_json, "seconds", "a sample", 0.0, 1e12);
+      sample.prefill_keys_fraction =
+          read_in_range(sample_json, "prefill_keys_fraction", "a sample", 0.0, 1.0);
+      sample.cache_kept_fraction =
+          read_in_range(sample_json, "cache_kept_fraction", "a sample", 0.0, 1.0);
       run.samples.push_back(std::move(sample));
     }
     report.runs.push_back(std::move(run));
   }
   return report;
+}
+
+EvalReport merge_eval_reports(const std::vector<EvalReport>& shards) {
+  if (shards.empty()) throw Error("eval report: no report to merge");
+  EvalReport merged = shards.front();
+  const auto join_new = [](std::string& list, const std::string& item) {
+    if (list.empty() || ("; " + list + "; ").find("; " + item + "; ") == std::string::npos) {
+      list += (list.empty() ? "" : "; ") + item;
+    }
+  };
+  const auto run_key = [](const EvalRun& run) {
+    return run.method + "@" + std::to_string(run.budget) + "/" + run.protocol;
+  };
+  for (size_t shard = 1; shard < shards.size(); ++shard) {
+    const EvalReport& other = shards[shard];
+    const auto differ = [&](const char* what) {
+      return Error("eval report: shard " + std::to_string(shard + 1) +
+                   " differs from the first in '" + what +
+                   "'; only shards of one evaluation can be merged");
+    };
+    if (other.model != merged.model) throw differ("model");
+    if (other.seed != merged.seed) throw differ("seed");
+    if (other.tasks != merged.tasks) throw differ("tasks");
+    if (other.lengths != merged.lengths) throw differ("lengths");
+    if (other.budgets != merged.budgets) throw differ("budgets");
+    if (other.methods != merged.methods) throw differ("methods");
+    if (other.protocols != merged.protocols) throw differ("protocols");
+    if (other.notes != merged.notes) throw differ("notes");
+    if (other.runs.size() != merged.runs.size()) throw differ("runs");
+    merged.date = std::max(merged.date, other.date);
+    join_new(merged.command, other.command);
+    join_new(merged.device, other.device);
+    merged.samples_per_cell += other.samples_per_cell;
+    for (const EvalRun& run : other.runs) {
+      auto into = std::find_if(merged.runs.begin(), merged.runs.end(),
+                               [&](const EvalRun& r) { return run_key(r) == run_key(run); });
+      if (into == merged.runs.end()) throw differ("runs");
+      if (into->attention != run.attention) throw differ("attention");
+      into->seconds += run.seconds;
+      into->samples.insert(into->samples.end(), run.samples.begin(), run.samples.end());
+    }
+  }
+  // The order one evaluation of every sample gives: tasks, then lengths, as the report lists
+  // them, then the sample index. The bootstrap intervals draw in this order.
+  const auto position = [](const auto& list, const auto& item) {
+    return std::find(list.begin(), list.end(), item) - list.begin();
+  };
+  for (EvalRun& run : merged.runs) {
+    std::stable_sort(run.samples.begin(), run.samples.end(),
+                     [&](const EvalSampleResult& a, const EvalSampleResult& b) {
+                       const auto key = [&](const EvalSampleResult& s) {
+                         return std::make_tuple(position(merged.tasks, s.task),
+                                                position(merged.lengths, s.length), s.index);
+                       };
+                       return key(a) < key(b);
+                     });
+    for (size_t i = 1; i < run.samples.size(); ++i) {
+      const EvalSampleResult& a = run.samples[i - 1];
+      const EvalSampleResult& b = run.samples[i];
+      if (a.task == b.task && a.length == b.length && a.index == b.index) {
+        throw Error("eval report: sample " + std::to_string(a.index) + " of " + a.task + " at " +
+                    std::to_string(a.length) + " tokens is in two shards of " + run_key(run));
+      }
+    }
+  }
+  return merged;
 }
 
 namespace {

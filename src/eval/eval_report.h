@@ -125,6 +125,13 @@ nlohmann::json eval_report_to_json(const EvalReport& report);
 // missing or mistyped field.
 EvalReport eval_report_from_json(const nlohmann::json& json);
 
+// One report from shards of the same evaluation that ran different samples (`eval --first-sample`):
+// every field but the samples must agree; the runs (method, budget, protocol) must be the same
+// in each; a run's samples are the union of its shards', in the order one evaluation of them all
+// would have produced (task, length, index), and a sample found in two shards is an error. The
+// date is the latest, the commands and devices are listed, seconds and samples per cell add up.
+EvalReport merge_eval_reports(const std::vector<EvalReport>& shards);
+
 // A markdown document: header (date, command, model, notes), the average accuracy of every method
 // at every budget level per length, the per-task breakdown, and the work each run did.
 std::string eval_report_markdown(const EvalReport& report);

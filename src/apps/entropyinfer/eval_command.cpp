@@ -22,6 +22,7 @@
 #include "apps/entropyinfer/model_commands.h"
 #include "attention/entropy_prefill.h"
 #include "core/error.h"
+#include "core/json_reader.h"
 #include "core/stopwatch.h"
 #include "core/user_file.h"
 #include "engine/transformer.h"
@@ -34,11 +35,54 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+// Where a report goes: stdout always, and the files asked for.
+struct ReportOutputs {
+  std::string json_path;
+  std::string markdown_path;
+  std::string plots_dir;
+
+  // Checked before any work, so a bad path costs nothing.
+  void check() const {
+    if (!markdown_path.empty()) check_output_file(markdown_path, "--markdown file");
+    if (!json_path.empty()) check_output_file(json_path, "--json file");
+    if (!plots_dir.empty()) prepare_output_folder(plots_dir, "--plots folder");
+  }
+
+  void write(const eval::EvalReport& report) const {
+    const std::string markdown = eval::eval_report_markdown(report);
+    std::printf("%s", markdown.c_str());
+    std::fflush(stdout);
+    if (!markdown_path.empty()) write_user_file(markdown_path, "--markdown file", markdown);
+    if (!json_path.empty()) {
+      // A model can generate bytes that are not UTF-8 (a token that ends mid-character).
+      write_user_file(json_path, "--json file",
+                      eval::eval_report_to_json(report).dump(
+                          2, ' ', false, nlohmann::json::error_handler_t::replace) +
+                          "\n");
+    }
+    if (!plots_dir.empty()) {
+      for (const std::string& path : eval::write_eval_plots(report, plots_dir)) {
+        std::fprintf(stderr, "wrote %s\n", path.c_str());
+      }
+    }
+  }
+};
+
+void add_report_outputs(CLI::App* command, ReportOutputs* outputs) {
+  command->add_option("--json", outputs->json_path, "Write every score and the configs as JSON");
+  command->add_option("--markdown", outputs->markdown_path,
+                      "Write the markdown report to this file");
+  command->add_option("--plots", outputs->plots_dir,
+                      "Write SVG plots into this folder: accuracy against length (one per budget "
+                      "level), against budget and against keys read");
+}
+
 struct EvalArgs {
   std::string model;
   std::vector<std::string> tasks = {"all"};
   std::vector<std::string> lengths = {"4096", "8192", "16384", "32768"};
   int samples = 20;
+  int first_sample = 0;
   uint64_t seed = 0;
   std::vector<std::string> methods = {"full",        "entropy+latent", "critiprefill+full",
                                       "full+snapkv", "full+adakv",     "full+streaming"};
@@ -46,11 +90,9 @@ struct EvalArgs {
   std::vector<std::string> protocols = {"query-aware"};
   std::string words = "all";
   std::string text_dir;
-  std::string json_path;
-  std::string markdown_path;
-  std::string plots_dir;
   DeviceFlags run;
   AttentionOptions attention;
+  ReportOutputs outputs;
 };
 
 std::string format_duration(double seconds) {
@@ -408,9 +450,7 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
   const auto eval_start = Clock::now();
   // Everything the flags can get wrong is checked before the model loads.
   args.run.check();
-  if (!args.markdown_path.empty()) check_output_file(args.markdown_path, "--markdown file");
-  if (!args.json_path.empty()) check_output_file(args.json_path, "--json file");
-  if (!args.plots_dir.empty()) prepare_output_folder(args.plots_dir, "--plots folder");
+  args.outputs.check();
   const std::vector<eval::RulerTask> tasks = parse_tasks(args.tasks);
   const std::vector<int> lengths = parse_token_counts("--lengths", args.lengths);
   const std::vector<int> budgets = parse_token_counts("--budgets", args.budgets);
@@ -475,8 +515,9 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
                      eval::ruler_task_name(task).c_str(), length,
                      isatty(STDERR_FILENO) ? "\033[K" : "\n");
         std::fflush(stderr);
-        for (eval::RulerSample& sample :
-             eval::make_ruler_samples(task, length, args.samples, args.seed, *tokenizer, sources)) {
+        for (int i = 0; i < args.samples; ++i) {
+          eval::RulerSample sample = eval::make_ruler_sample(task, length, args.first_sample + i,
+                                                             args.seed, *tokenizer, sources);
           PreparedSample prepared;
           prepared.ids = prompt_token_ids(*tokenizer, sample.prompt);
           // The prompt is the context, a newline and the question (ruler_tasks.h).
@@ -614,22 +655,7 @@ void run_eval(const EvalArgs& args, CLI::App* command) {
   }
   progress.finish();
 
-  const std::string markdown = eval::eval_report_markdown(report);
-  std::printf("%s", markdown.c_str());
-  std::fflush(stdout);
-  if (!args.markdown_path.empty()) write_user_file(args.markdown_path, "--markdown file", markdown);
-  if (!args.json_path.empty()) {
-    // A model can generate bytes that are not UTF-8 (a token that ends mid-character).
-    write_user_file(args.json_path, "--json file",
-                    eval::eval_report_to_json(report).dump(
-                        2, ' ', false, nlohmann::json::error_handler_t::replace) +
-                        "\n");
-  }
-  if (!args.plots_dir.empty()) {
-    for (const std::string& path : eval::write_eval_plots(report, args.plots_dir)) {
-      std::fprintf(stderr, "wrote %s\n", path.c_str());
-    }
-  }
+  args.outputs.write(report);
   std::fprintf(stderr, "eval finished in %s; peak memory %.0f MiB\n",
                format_duration(seconds_since(eval_start)).c_str(), peak_resident_mib());
 }
@@ -659,6 +685,12 @@ void register_eval(CLI::App& app) {
   command->add_option("--samples", args->samples, "Samples per task and length")
       ->check(integer_in(1, 1000000))
       ->capture_default_str();
+  command
+      ->add_option("--first-sample", args->first_sample,
+                   "Index of the first sample of each task and length: shards of one evaluation "
+                   "run different indices, and `eval-report` merges their --json files")
+      ->check(integer_in(0, 1000000))
+      ->capture_default_str();
   command->add_option("--seed", args->seed, "Base seed of the samples (TASKS.md section 2)")
       ->check(seed_value())
       ->capture_default_str();
@@ -686,14 +718,36 @@ void register_eval(CLI::App& app) {
   command->add_option("--text-dir", args->text_dir,
                       "Folder with janeausten/persuasion.txt, the haystack (default: "
                       "shared/assets/text found above the current directory or the executable)");
-  command->add_option("--json", args->json_path, "Write every score and the configs as JSON");
-  command->add_option("--markdown", args->markdown_path, "Write the markdown report to this file");
-  command->add_option("--plots", args->plots_dir,
-                      "Write SVG plots into this folder: accuracy against length (one per budget "
-                      "level) and against budget");
+  add_report_outputs(command, &args->outputs);
   args->run.add_to(command);
   args->attention.add_to(command);
   command->callback([args, command] { run_eval(*args, command); });
+
+  // The report again from an eval's --json file, with no model: the markdown, JSON and plots as
+  // this build draws them (after the report's code changed, or to pick the plots up later).
+  auto report_args = std::make_shared<std::pair<std::vector<std::string>, ReportOutputs>>();
+  CLI::App* report_command = app.add_subcommand(
+      "eval-report",
+      "The report of an earlier `eval` from its --json file, drawn again; several files (shards "
+      "of one evaluation, run with --first-sample) are merged into one report");
+  report_command
+      ->add_option("reports", report_args->first,
+                   "JSON files written by `entropyinfer eval --json`")
+      ->required();
+  add_report_outputs(report_command, &report_args->second);
+  report_command->callback([report_args] {
+    report_args->second.check();
+    std::vector<eval::EvalReport> shards;
+    for (const std::string& path : report_args->first) {
+      const nlohmann::json json = read_json_file(path, "eval report");
+      try {
+        shards.push_back(eval::eval_report_from_json(json));
+      } catch (const Error& error) {
+        throw Error(std::string(error.what()) + " (in '" + path + "')");
+      }
+    }
+    report_args->second.write(eval::merge_eval_reports(shards));
+  });
 }
 
 }  // namespace entropyinfer::cli
