@@ -13,7 +13,10 @@
 #   protocols      a model's eval under the quality lab's protocols (PROTOCOL_MODEL, default the shipped
 #                  model; PROTOCOLS, PROTOCOL_TASKS, PROTOCOL_LENGTHS, PROTOCOL_BUDGETS, PROTOCOL_METHODS),
 #                  one eval per protocol, each sized to its entry of PROTOCOL_SECONDS (one number, or
-#                  one per protocol), at most PROTOCOL_SAMPLES per cell; carry .cache/assets-text
+#                  one per protocol), at most PROTOCOL_SAMPLES per cell, or PROTOCOL_COUNTS samples
+#                  exactly (one number or one per protocol, no probe); PROTOCOL_FIRST_SAMPLES (one per
+#                  protocol, default 0) runs a shard that `entropyinfer eval-report` merges with the
+#                  others; carry .cache/assets-text
 #   fp8quality     the shipped model's eval (FP8_EVAL_TASKS, FP8_EVAL_LENGTHS, FP8_EVAL_SAMPLES,
 #                  FP8_EVAL_METHODS, FP8_EVAL_BUDGETS) in bf16, with --weights fp8 and with
 #                  --kv-cache fp8 (carry .cache/assets-text)
@@ -211,15 +214,23 @@ if [[ "${steps}" == *",protocols,"* && -x "${build}/entropyinfer" ]]; then
   text_dir="${TEXT_DIR:-${repo_root}/.cache/assets-text}"
   IFS=, read -r -a protocol_list <<< "${PROTOCOLS:-context-first,multi-turn}"
   IFS=, read -r -a protocol_seconds_list <<< "${PROTOCOL_SECONDS:-240}"
+  IFS=, read -r -a protocol_count_list <<< "${PROTOCOL_COUNTS:-}"
+  IFS=, read -r -a protocol_first_list <<< "${PROTOCOL_FIRST_SAMPLES:-0}"
   for index in "${!protocol_list[@]}"; do
     protocol=${protocol_list[index]}
     protocol_seconds=${protocol_seconds_list[index]:-${protocol_seconds_list[-1]}}
+    first_sample=${protocol_first_list[index]:-${protocol_first_list[-1]}}
     start=$(date +%s)
     protocol_args=(eval -m "${model_dir}" --device cuda --text-dir "${text_dir}"
                    --tasks "${PROTOCOL_TASKS:-niah_single,niah_multikey}" --lengths "${PROTOCOL_LENGTHS:-16384,32704}"
                    --budgets "${PROTOCOL_BUDGETS:-512,2048}" --protocols "${protocol}"
-                   --methods "${PROTOCOL_METHODS:-full,entropy+latent,entropy-segment+latent,critiprefill+full,full+snapkv,full+adakv,full+pyramidkv,full+streaming}")
-    size_eval "protocols-${protocol}" "${protocol_seconds}" "${PROTOCOL_SAMPLES:-200}" "${protocol_args[@]}"
+                   --methods "${PROTOCOL_METHODS:-full,entropy+latent,entropy-segment+latent,critiprefill+full,full+snapkv,full+adakv,full+pyramidkv,full+streaming}"
+                   --first-sample "${first_sample}")
+    if (( ${#protocol_count_list[@]} )); then
+      samples=${protocol_count_list[index]:-${protocol_count_list[-1]}}
+    else
+      size_eval "protocols-${protocol}" "${protocol_seconds}" "${PROTOCOL_SAMPLES:-200}" "${protocol_args[@]}"
+    fi
     mkdir -p "${out}/protocols-${protocol}-plots"
     timeout -k 10 $(( protocol_seconds * 2 )) "${build}/entropyinfer" "${protocol_args[@]}" --samples "${samples}" \
       --json "${out}/protocols-${protocol}.json" --markdown "${out}/protocols-${protocol}.md" \
