@@ -241,7 +241,7 @@ TEST_F(EvalFixture, ShardsMergeIntoTheReportOfOneEvaluation) {
   ENTROPYINFER_REQUIRE_ASSET("text/janeausten/persuasion.txt");
   const std::string common = "eval -m " + model() + " --text-dir " + text_dir() +
                              " --tasks niah_single,niah_multikey --lengths 512,1024 --budgets 64"
-                             " --methods full,entropy+latent,full+snapkv --segment-size 64"
+                             " --methods full,entropy+latent --segment-size 64"
                              " --dense-layers 0 --threads 2";
   const std::string whole = test_temp_path("whole.json");
   const std::string first = test_temp_path("first.json");
