@@ -17,6 +17,7 @@
 //             once plus every kept key and value, at the copy bandwidth measured in the run.
 //   interference  --stream-clients streams decoding, then one request of --prompt tokens arrives:
 //             the streams' inter-token p50/p99 before and while it prefills.
+// --kv-cache fp8 holds the pool's pages as E4M3 codes with a scale per row (default auto: bf16).
 // Output like vLLM's benchmark_serving: throughput, TTFT and TPOT p50/p99, concurrency, pool use.
 #include <algorithm>
 #include <atomic>
@@ -250,6 +251,7 @@ int run_serve_bench(int argc, char** argv) {
       capacity_full_output = 512, interference_output = 4096;
   int floor_sequences = 32, floor_prompt = 32768, floor_steps = 32;
   int context = 0;
+  std::string kv_cache = "auto";  // as the CLI: bf16 pages, or fp8
   int64_t prefill_budget = serve::SchedulerOptions{}.prefill_token_layers_per_step;
   int64_t prefill_budget_decoding = serve::SchedulerOptions{}.prefill_token_layers_while_decoding;
   for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {
@@ -295,6 +297,8 @@ int run_serve_bench(int argc, char** argv) {
       floor_steps = std::stoi(value);
     else if (flag == "--context")
       context = std::stoi(value);
+    else if (flag == "--kv-cache")
+      kv_cache = value;
     else if (flag == "--prefill-budget")
       prefill_budget = std::stoll(value);
     else if (flag == "--prefill-budget-decoding")
@@ -303,6 +307,11 @@ int run_serve_bench(int argc, char** argv) {
       return false;
     return true;
   });
+  if (kv_cache != "auto" && kv_cache != "fp8") {
+    throw Error("--kv-cache must be auto or fp8, not '" + kv_cache + "'");
+  }
+  const bool fp8_pages = kv_cache == "fp8";
+  const char* page_format = fp8_pages ? "fp8" : "bf16";
   const std::vector<std::string> scenarios = split(scenarios_text);
   const auto wants = [&](const char* name) {
     return std::find(scenarios.begin(), scenarios.end(), name) != scenarios.end();
@@ -317,19 +326,22 @@ int run_serve_bench(int argc, char** argv) {
   BatchModelOptions options;
   options.device = Device::kCuda;
   options.context_length = context;
+  options.fp8_kv_cache = fp8_pages;
   const Clock::time_point built = Clock::now();
   std::unique_ptr<BatchModel> owned = cuda::make_cuda_batch_model(config, 1234, options);
   BatchModel* model = owned.get();
   const KvPoolUsage pool = model->pool_usage();
-  std::printf("%s: context %d, KV pool %lld pages of %lld KiB (%.1f GiB), ready in %.1f s on %s\n",
-              shape_name.c_str(), model->context_length(), static_cast<long long>(pool.pages_total),
-              static_cast<long long>(pool.page_bytes >> 10),
-              static_cast<double>(pool.pages_total) * pool.page_bytes / (1 << 30),
-              seconds(built, Clock::now()), model->device_name().c_str());
+  std::printf(
+      "%s: context %d, KV pool %lld %s pages of %lld KiB (%.1f GiB), ready in %.1f s on %s\n",
+      shape_name.c_str(), model->context_length(), static_cast<long long>(pool.pages_total),
+      page_format, static_cast<long long>(pool.page_bytes >> 10),
+      static_cast<double>(pool.pages_total) * pool.page_bytes / (1 << 30),
+      seconds(built, Clock::now()), model->device_name().c_str());
   nlohmann::json report = {{"shape", shape_name},
                            {"device", model->device_name()},
                            {"copy_gb_s", (bandwidth.median_bytes_per_second / 1e9)},
                            {"context", model->context_length()},
+                           {"kv_cache", page_format},
                            {"pool_pages", pool.pages_total},
                            {"page_bytes", pool.page_bytes}};
   const int vocab = config.vocab_size;
@@ -373,7 +385,9 @@ int run_serve_bench(int argc, char** argv) {
     }
     const double weight_bytes =
         static_cast<double>(cuda::CudaTransformer::plan(config, {}).weights);
-    const double kv_bytes = static_cast<double>(kept_rows) * 2 * config.head_dim * 2;
+    // A kept row is read as keys and values: bf16, or E4M3 codes with a float scale each.
+    const double row_bytes = fp8_pages ? config.head_dim + 4.0 : config.head_dim * 2.0;
+    const double kv_bytes = static_cast<double>(kept_rows) * 2 * row_bytes;
     const double floor_ms = (weight_bytes + kv_bytes) / (bandwidth.median_bytes_per_second) * 1e3;
     const double median = percentile(step_ms, 50);
     std::printf(

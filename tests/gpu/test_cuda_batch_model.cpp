@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/ragged_decode.h"
 #include "engine/batch_model.h"
 #include "engine/cuda/cuda_transformer.h"
 #include "engine/prefill_work.h"
@@ -56,28 +57,28 @@ class CudaBatchModelTest : public ::testing::Test {
     weights_ = nullptr;
   }
 
-  static BatchModelOptions options(int64_t pool_mib) {
+  static BatchModelOptions options(int64_t pool_mib, bool fp8_kv_cache = false) {
     BatchModelOptions o;
     o.device = Device::kCuda;
     o.pool_bytes = pool_mib << 20;
+    o.fp8_kv_cache = fp8_kv_cache;
     return o;
   }
+
+  static void expect_batched_logits_equal_alone(
+      const std::vector<std::pair<std::string, int>>& methods_and_lengths, bool fp8_kv_cache);
 
   static ModelWeights* weights_;
 };
 ModelWeights* CudaBatchModelTest::weights_ = nullptr;
 
-TEST_F(CudaBatchModelTest, SequencesDecodingTogetherGetTheLogitsEachGetsAlone) {
-  ENTROPYINFER_REQUIRE_GPU();
+// With fp8_kv_cache both executors hold FP8 caches: the lone one decodes its codes through
+// ragged_decode, the batch its FP8 pages through paged_decode.
+void CudaBatchModelTest::expect_batched_logits_equal_alone(
+    const std::vector<std::pair<std::string, int>>& methods_and_lengths, bool fp8_kv_cache) {
   constexpr int kSteps = 12;
   std::vector<Case> cases;
-  for (const auto& [methods, tokens] :
-       std::vector<std::pair<std::string, int>>{{"full", 300},
-                                                {"entropy+snapkv", 520},
-                                                {"full+latent", 410},
-                                                {"critiprefill+streaming", 260},
-                                                {"entropy+adakv", 380},
-                                                {"entropy+latent", 700}}) {
+  for (const auto& [methods, tokens] : methods_and_lengths) {
     Case c;
     c.methods = methods;
     c.prompt_tokens = tokens;
@@ -89,6 +90,7 @@ TEST_F(CudaBatchModelTest, SequencesDecodingTogetherGetTheLogitsEachGetsAlone) {
     cuda::CudaModelOptions alone_options;
     alone_options.layer_major_prefill = true;
     alone_options.decode_room = 64;
+    alone_options.fp8_kv_cache = fp8_kv_cache;
     cuda::CudaTransformer alone(*weights_, alone_options);
     for (Case& c : cases) {
       alone.set_attention(c.attention, true);
@@ -101,7 +103,7 @@ TEST_F(CudaBatchModelTest, SequencesDecodingTogetherGetTheLogitsEachGetsAlone) {
       }
     }
   }
-  std::unique_ptr<BatchModel> batch = make_batch_model(*weights_, options(256));
+  std::unique_ptr<BatchModel> batch = make_batch_model(*weights_, options(256, fp8_kv_cache));
   const PrefillWork work(weights_->config);
   std::vector<BatchModel::SequenceId> ids;
   for (const Case& c : cases) ids.push_back(batch->open(c.attention, c.prompt, kSteps + 1));
@@ -180,6 +182,32 @@ TEST_F(CudaBatchModelTest, SequencesDecodingTogetherGetTheLogitsEachGetsAlone) {
   }
   for (BatchModel::SequenceId id : ids) batch->close(id);
   EXPECT_EQ(batch->pool_usage().pages_used, 0);
+}
+
+TEST_F(CudaBatchModelTest, SequencesDecodingTogetherGetTheLogitsEachGetsAlone) {
+  ENTROPYINFER_REQUIRE_GPU();
+  expect_batched_logits_equal_alone({{"full", 300},
+                                     {"entropy+snapkv", 520},
+                                     {"full+latent", 410},
+                                     {"critiprefill+streaming", 260},
+                                     {"entropy+adakv", 380},
+                                     {"entropy+latent", 700}},
+                                    false);
+}
+
+// FP8 pages hold about twice the rows of bf16 pages in the same bytes (a byte per element and a
+// float per row, against two bytes per element).
+TEST_F(CudaBatchModelTest, Fp8PagesGetTheLogitsOfTheLoneFp8Cache) {
+  ENTROPYINFER_REQUIRE_GPU();
+  expect_batched_logits_equal_alone(
+      {{"full", 300}, {"entropy+snapkv", 520}, {"full+latent", 410}, {"entropy+latent", 700}},
+      true);
+  const int64_t head_dim = weights_->config.head_dim;
+  const KvPoolUsage bf16_pool = make_batch_model(*weights_, options(64))->pool_usage();
+  const KvPoolUsage fp8_pool = make_batch_model(*weights_, options(64, true))->pool_usage();
+  EXPECT_EQ(bf16_pool.page_bytes, 2 * cuda::kPagedRows * head_dim * 2);
+  EXPECT_EQ(fp8_pool.page_bytes, 2 * cuda::kPagedRows * (head_dim + 4));
+  EXPECT_GT(fp8_pool.pages_total, bf16_pool.pages_total * 3 / 2);
 }
 
 TEST_F(CudaBatchModelTest, RefusesWhatDoesNotFit) {

@@ -9,6 +9,11 @@
 // runs the same tile loop over the same rows, so the outputs must be identical to ragged_decode's;
 // against the fp32 CPU reference the tolerance is test_cuda_ragged_decode's (relative L2 and max
 // |error| 1e-2). Outputs are poisoned with NaN first: every element must be written.
+//
+// FP8 pages (shape.fp8): contiguous FP8 caches (quantize_kv_rows) are copied into shuffled pages
+// by the FP8 paged_store, each sequence's new row is appended by the FP8 paged_append, and
+// paged_decode over the pages must equal ragged_decode over the contiguous caches bit for bit:
+// codes and scales of every stored and appended row, lengths, and outputs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +25,7 @@
 #include <vector>
 
 #include "backends/cpu/compressed_decode_attention.h"
+#include "backends/cuda/kv_cache_fp8.h"
 #include "backends/cuda/ragged_decode.h"
 #include "gpu/gpu_test_support.h"
 
@@ -194,6 +200,192 @@ void run_case(const PagedCase& c, uint32_t seed) {
   }
 }
 
+// Device FP8 caches of `rows` rows: codes and one scale per row, for keys and for values.
+struct DeviceFp8Rows {
+  cuda::DeviceBuffer<uint8_t> key_codes, value_codes;
+  cuda::DeviceBuffer<float> key_scales, value_scales;
+  DeviceFp8Rows(int64_t rows, int64_t head_dim)
+      : key_codes(static_cast<size_t>(rows * head_dim)),
+        value_codes(static_cast<size_t>(rows * head_dim)),
+        key_scales(static_cast<size_t>(rows)),
+        value_scales(static_cast<size_t>(rows)) {}
+  cuda::Fp8KvCache view() {
+    return {key_codes.data(), value_codes.data(), key_scales.data(), value_scales.data()};
+  }
+};
+
+template <typename T>
+std::vector<T> download(const cuda::DeviceBuffer<T>& buffer) {
+  std::vector<T> host(buffer.size());
+  buffer.download(host.data(), host.size());
+  return host;
+}
+
+void run_fp8_case(const PagedCase& c, uint32_t seed) {
+  ENTROPYINFER_REQUIRE_GPU();
+  const int caches = c.per_query_head ? c.q_heads : c.kv_heads;
+  const int batch = static_cast<int>(c.longest.size());
+  const int64_t head_dim = c.head_dim;
+  const int64_t longest = *std::max_element(c.longest.begin(), c.longest.end());
+  const int64_t max_pages = (longest + 1 + cuda::kPagedRows - 1) / cuda::kPagedRows;
+  const int64_t stride = max_pages * cuda::kPagedRows;
+  const int64_t entries = static_cast<int64_t>(batch) * caches;
+  std::mt19937 generator(seed);
+  std::vector<int32_t> lengths(entries);
+  for (int b = 0; b < batch; ++b) {
+    std::uniform_int_distribution<int64_t> draw(c.longest[b] / 3, c.longest[b]);
+    for (int cache = 0; cache < caches; ++cache) lengths[b * caches + cache] = draw(generator);
+  }
+  // More pages than the entries need, shuffled: stored rows land anywhere in the pool.
+  const int64_t pool_pages = entries * max_pages + 7;
+  std::vector<int32_t> all_pages(pool_pages);
+  std::iota(all_pages.begin(), all_pages.end(), 0);
+  std::shuffle(all_pages.begin(), all_pages.end(), generator);
+  const std::vector<int32_t> page_tables(all_pages.begin(),
+                                         all_pages.begin() + entries * max_pages);
+
+  // Contiguous FP8 caches, entry-major, quantized on the GPU from bf16 rows.
+  const auto keys = gpu_test::random_bf16_values(static_cast<size_t>(entries) * stride * head_dim,
+                                                 seed + 1, 3.0f);
+  const auto values = gpu_test::random_bf16_values(keys.size(), seed + 2, 1.0f, /*uniform=*/true);
+  auto keys_gpu = gpu_test::upload_bf16(keys);
+  auto values_gpu = gpu_test::upload_bf16(values);
+  DeviceFp8Rows contiguous(entries * stride, head_dim);
+  cuda::quantize_kv_rows(keys_gpu.data(), values_gpu.data(), entries, stride, head_dim, 0, stride,
+                         contiguous.view(), nullptr, nullptr);
+
+  // The same rows stored into the pool's pages, sequence by sequence as the server stores them.
+  DeviceFp8Rows pool(pool_pages * cuda::kPagedRows, head_dim);
+  cuda::DeviceBuffer<int32_t> tables_gpu(page_tables.size());
+  tables_gpu.upload(page_tables.data(), page_tables.size());
+  cuda::DeviceBuffer<int32_t> lengths_gpu(lengths.size());
+  lengths_gpu.upload(lengths.data(), lengths.size());
+  for (int b = 0; b < batch; ++b) {
+    const int64_t first = static_cast<int64_t>(b) * caches;
+    const cuda::Fp8KvCache rows = contiguous.view();
+    const cuda::Fp8KvCache sequence{
+        rows.key_codes + first * stride * head_dim, rows.value_codes + first * stride * head_dim,
+        rows.key_scales + first * stride, rows.value_scales + first * stride};
+    cuda::paged_store(sequence, stride, caches, head_dim, lengths_gpu.data() + first,
+                      tables_gpu.data() + first * max_pages, max_pages, pool.view(), nullptr);
+  }
+
+  const int64_t q_width = static_cast<int64_t>(c.q_heads) * head_dim;
+  const int64_t kv_width = static_cast<int64_t>(c.kv_heads) * head_dim;
+  const int64_t row_stride = q_width + 2 * kv_width;
+  auto fused_gpu = gpu_test::upload_bf16(gpu_test::random_bf16_values(
+      static_cast<size_t>(batch) * row_stride, seed + 4, 2.0f, /*uniform=*/true));
+  cuda::RaggedShape shape;
+  shape.q_heads = c.q_heads;
+  shape.kv_heads = c.kv_heads;
+  shape.head_dim = head_dim;
+  shape.cache_stride = stride;
+  shape.max_length = longest + 1;
+  shape.per_query_head = c.per_query_head;
+  shape.fp8 = true;
+  cuda::PagedCaches paged;
+  paged.page_tables = tables_gpu.data();
+  paged.max_pages = max_pages;
+  paged.lengths = lengths_gpu.data();
+  paged.fp8 = pool.view();
+  paged.batch = batch;
+  cuda::paged_append(fused_gpu.data() + q_width, fused_gpu.data() + q_width + kv_width, row_stride,
+                     shape, paged, nullptr);
+  cuda::DeviceBuffer<int32_t> ragged_lengths(lengths.size());
+  ragged_lengths.upload(lengths.data(), lengths.size());
+  for (int b = 0; b < batch; ++b) {
+    const cuda::Fp8KvCache rows = contiguous.view();
+    const int64_t first = static_cast<int64_t>(b) * caches * stride;
+    cuda::ragged_append(fused_gpu.data() + b * row_stride + q_width,
+                        fused_gpu.data() + b * row_stride + q_width + kv_width, shape,
+                        {rows.key_codes + first * head_dim, rows.value_codes + first * head_dim,
+                         rows.key_scales + first, rows.value_scales + first},
+                        ragged_lengths.data() + b * caches, nullptr);
+  }
+  cuda::check(cudaDeviceSynchronize(), "store and append");
+  const std::vector<int32_t> paged_after = download(lengths_gpu);
+  EXPECT_EQ(paged_after, download(ragged_lengths));
+
+  // Every row below its new length, stored or appended, is the contiguous row's codes and scale.
+  const std::vector<uint8_t> pool_keys = download(pool.key_codes),
+                             pool_values = download(pool.value_codes),
+                             keys_contiguous = download(contiguous.key_codes),
+                             values_contiguous = download(contiguous.value_codes);
+  const std::vector<float> pool_key_scales = download(pool.key_scales),
+                           pool_value_scales = download(pool.value_scales),
+                           key_scales = download(contiguous.key_scales),
+                           value_scales = download(contiguous.value_scales);
+  int64_t mismatched_rows = 0;
+  for (int64_t entry = 0; entry < entries; ++entry) {
+    ASSERT_EQ(paged_after[entry], lengths[entry] + 1);
+    for (int64_t row = 0; row < paged_after[entry]; ++row) {
+      const int64_t at =
+          page_tables[entry * max_pages + row / cuda::kPagedRows] * int64_t{cuda::kPagedRows} +
+          row % cuda::kPagedRows;
+      const int64_t from = entry * stride + row;
+      const bool same =
+          std::equal(pool_keys.begin() + at * head_dim, pool_keys.begin() + (at + 1) * head_dim,
+                     keys_contiguous.begin() + from * head_dim) &&
+          std::equal(pool_values.begin() + at * head_dim, pool_values.begin() + (at + 1) * head_dim,
+                     values_contiguous.begin() + from * head_dim) &&
+          pool_key_scales[at] == key_scales[from] && pool_value_scales[at] == value_scales[from];
+      mismatched_rows += same ? 0 : 1;
+    }
+  }
+  EXPECT_EQ(mismatched_rows, 0) << "pooled rows differ from the contiguous caches' codes";
+
+  auto q_gpu = gpu_test::upload_bf16(
+      gpu_test::random_bf16_values(static_cast<size_t>(batch) * q_width, seed + 5, 2.0f));
+  cuda::DeviceBuffer<cuda::bf16> paged_out(static_cast<size_t>(batch) * q_width);
+  cuda::DeviceBuffer<cuda::bf16> ragged_out(static_cast<size_t>(q_width));
+  for (int splits : {1, 3, 0}) {
+    const int resolved = cuda::paged_decode_splits(shape, batch, splits);
+    cuda::DeviceBuffer<float> workspace(
+        std::max<size_t>(1, cuda::paged_decode_workspace_floats(shape, batch, resolved)));
+    gpu_test::poison(paged_out);
+    cuda::paged_decode(q_gpu.data(), q_width, shape, paged, paged_out.data(), workspace.data(),
+                       workspace.size(), nullptr, resolved);
+    cuda::check(cudaDeviceSynchronize(), "paged decode");
+    const std::vector<float> batched = gpu_test::download_bf16(paged_out);
+    const int ragged_splits = cuda::ragged_decode_splits(shape, resolved);
+    cuda::DeviceBuffer<float> ragged_workspace(
+        std::max<size_t>(1, cuda::ragged_decode_workspace_floats(shape, ragged_splits)));
+    for (int b = 0; b < batch; ++b) {
+      SCOPED_TRACE("sequence " + std::to_string(b) + ", " + std::to_string(resolved) + " splits");
+      const cuda::Fp8KvCache rows = contiguous.view();
+      const int64_t first = static_cast<int64_t>(b) * caches * stride;
+      gpu_test::poison(ragged_out);
+      cuda::ragged_decode(q_gpu.data() + b * q_width,
+                          {rows.key_codes + first * head_dim, rows.value_codes + first * head_dim,
+                           rows.key_scales + first, rows.value_scales + first},
+                          ragged_lengths.data() + b * caches, shape, ragged_out.data(),
+                          ragged_workspace.data(), ragged_workspace.size(), nullptr, ragged_splits);
+      cuda::check(cudaDeviceSynchronize(), "ragged decode");
+      const std::vector<float> alone = gpu_test::download_bf16(ragged_out);
+      const std::vector<float> mine(batched.begin() + b * q_width,
+                                    batched.begin() + (b + 1) * q_width);
+      EXPECT_EQ(mine, alone) << "FP8 pages differ from ragged_decode of the same codes";
+      EXPECT_TRUE(std::all_of(mine.begin(), mine.end(), [](float x) { return std::isfinite(x); }));
+    }
+  }
+}
+
+TEST(CudaPagedDecode, Fp8PagesMatchTheContiguousFp8Caches) {
+  PagedCase c;
+  c.longest = {700, 90, 3000, 33, 1200};
+  run_fp8_case(c, 41);
+}
+
+TEST(CudaPagedDecode, Fp8PagesHeadDim64AndPerQueryHeadCaches) {
+  PagedCase c;
+  c.q_heads = 8;
+  c.kv_heads = 8;
+  c.head_dim = 64;
+  c.per_query_head = true;
+  c.longest = {64, 500, 31};
+  run_fp8_case(c, 43);
+}
+
 TEST(CudaPagedDecode, ABatchOfUnequalSequencesMatchesEachDecodedAlone) {
   PagedCase c;
   c.longest = {700, 90, 3000, 33, 1200};
@@ -239,6 +431,11 @@ TEST(CudaPagedDecode, RefusesInconsistentLayouts) {
       Error);
   paged.max_pages = 2;
   paged.batch = 0;
+  EXPECT_THROW(
+      cuda::paged_decode(q.data(), 8 * 128, shape, paged, out.data(), nullptr, 0, nullptr, 1),
+      Error);
+  paged.batch = 1;
+  shape.fp8 = true;  // bf16 pools given for an FP8 shape
   EXPECT_THROW(
       cuda::paged_decode(q.data(), 8 * 128, shape, paged, out.data(), nullptr, 0, nullptr, 1),
       Error);

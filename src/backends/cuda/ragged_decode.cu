@@ -582,6 +582,21 @@ __global__ void ragged_append_kernel(const bf16* k, const bf16* v, int head_dim,
   if (threadIdx.x == 0) lengths[cache] = row + 1;
 }
 
+// One warp quantizes a row of head_dim bf16 values into `codes` and its scale into `scale`, as
+// quantize_kv_rows does.
+__device__ void quantize_row_in_warp(const bf16* source, int head_dim, int lane, uint8_t* codes,
+                                     float* scale) {
+  float amax = 0.0f;
+  for (int e = lane; e < head_dim; e += 32) amax = fmaxf(amax, fabsf(__bfloat162float(source[e])));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  const float row_scale = fp8::row_scale(amax);
+  for (int e = lane; e < head_dim; e += 32) {
+    codes[e] = fp8::to_e4m3(__fdiv_rn(__bfloat162float(source[e]), row_scale));
+  }
+  if (lane == 0) *scale = row_scale;
+}
+
 // ragged_append_kernel into FP8 caches: one warp quantizes the key row, another the value row.
 __global__ void ragged_append_fp8_kernel(const bf16* k, const bf16* v, int head_dim,
                                          int64_t cache_stride, int group, bool per_query_head,
@@ -594,21 +609,39 @@ __global__ void ragged_append_fp8_kernel(const bf16* k, const bf16* v, int head_
   __syncthreads();
   if (row < 0 || row >= cache_stride) return;  // full: the caller broke its guarantee
   const bool is_value = threadIdx.x >= 32;
-  const int lane = threadIdx.x % 32;
-  const bf16* source = (is_value ? v : k) + static_cast<int64_t>(kv_head) * head_dim;
   const int64_t target = static_cast<int64_t>(cache) * cache_stride + row;
-  float amax = 0.0f;
-  for (int e = lane; e < head_dim; e += 32) amax = fmaxf(amax, fabsf(__bfloat162float(source[e])));
-  for (int offset = 16; offset > 0; offset >>= 1)
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-  const float scale = fp8::row_scale(amax);
-  uint8_t* codes = (is_value ? cache_rows.value_codes : cache_rows.key_codes) + target * head_dim;
-  for (int e = lane; e < head_dim; e += 32) {
-    codes[e] = fp8::to_e4m3(__fdiv_rn(__bfloat162float(source[e]), scale));
-  }
-  if (lane == 0) (is_value ? cache_rows.value_scales : cache_rows.key_scales)[target] = scale;
+  quantize_row_in_warp(
+      (is_value ? v : k) + static_cast<int64_t>(kv_head) * head_dim, head_dim, threadIdx.x % 32,
+      (is_value ? cache_rows.value_codes : cache_rows.key_codes) + target * head_dim,
+      (is_value ? cache_rows.value_scales : cache_rows.key_scales) + target);
   __syncthreads();
   if (threadIdx.x == 0) lengths[cache] = row + 1;
+}
+
+// paged_append_kernel into FP8 pages: one warp per row, as ragged_append_fp8_kernel.
+__global__ void paged_append_fp8_kernel(const bf16* k, const bf16* v, int64_t row_stride,
+                                        int head_dim, int caches, int group, bool per_query_head,
+                                        const int32_t* page_tables, int64_t max_pages,
+                                        Fp8KvCache pool, int32_t* lengths) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
+  const int entry = blockIdx.x;
+  const int sequence = entry / caches;
+  const int cache = entry % caches;
+  const int kv_head = per_query_head ? cache / group : cache;
+  const int row = lengths[entry];
+  __syncthreads();
+  if (row < 0 || row >= max_pages * kBlockN) return;  // full: the caller broke its guarantee
+  const int64_t page = page_tables[static_cast<int64_t>(entry) * max_pages + row / kBlockN];
+  const int64_t target = page * kBlockN + row % kBlockN;
+  const bool is_value = threadIdx.x >= 32;
+  const int64_t source =
+      static_cast<int64_t>(sequence) * row_stride + static_cast<int64_t>(kv_head) * head_dim;
+  quantize_row_in_warp((is_value ? v : k) + source, head_dim, threadIdx.x % 32,
+                       (is_value ? pool.value_codes : pool.key_codes) + target * head_dim,
+                       (is_value ? pool.value_scales : pool.key_scales) + target);
+  __syncthreads();
+  if (threadIdx.x == 0) lengths[entry] = row + 1;
 }
 
 // One block per (sequence, cache) entry, as ragged_append_kernel, into the entry's pages.
@@ -657,6 +690,33 @@ __global__ void paged_store_kernel(const bf16* keys, const bf16* values, int64_t
   for (int64_t i = threadIdx.x; i < rows * chunks; i += blockDim.x) {
     key_target[i] = key_rows[i];
     value_target[i] = value_rows[i];
+  }
+}
+
+// paged_store_kernel for FP8 caches: a row's codes are head_dim bytes, its scales one float each.
+__global__ void paged_store_fp8_kernel(Fp8KvCache cache, int64_t cache_stride, int head_dim,
+                                       const int32_t* lengths, const int32_t* page_table,
+                                       int64_t max_pages, Fp8KvCache pool) {
+  const int cache_index = blockIdx.y;
+  const int64_t page_index = blockIdx.x;
+  const int64_t first = page_index * kBlockN;
+  const int64_t rows = min(static_cast<int64_t>(kBlockN), lengths[cache_index] - first);
+  if (rows <= 0) return;
+  const int64_t page = page_table[cache_index * max_pages + page_index];
+  const int64_t source_row = cache_index * cache_stride + first;
+  const int chunks = head_dim / 16;  // uint4 per row of codes
+  const uint4* key_rows = reinterpret_cast<const uint4*>(cache.key_codes + source_row * head_dim);
+  const uint4* value_rows =
+      reinterpret_cast<const uint4*>(cache.value_codes + source_row * head_dim);
+  uint4* key_target = reinterpret_cast<uint4*>(pool.key_codes + page * kBlockN * head_dim);
+  uint4* value_target = reinterpret_cast<uint4*>(pool.value_codes + page * kBlockN * head_dim);
+  for (int64_t i = threadIdx.x; i < rows * chunks; i += blockDim.x) {
+    key_target[i] = key_rows[i];
+    value_target[i] = value_rows[i];
+  }
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    pool.key_scales[page * kBlockN + r] = cache.key_scales[source_row + r];
+    pool.value_scales[page * kBlockN + r] = cache.value_scales[source_row + r];
   }
 }
 
@@ -846,10 +906,19 @@ void run_decode(RaggedParams params, const RaggedShape& shape, int64_t sequences
   }
 }
 
+bool has_fp8_pools(const Fp8KvCache& pool) {
+  return pool.key_codes != nullptr && pool.value_codes != nullptr && pool.key_scales != nullptr &&
+         pool.value_scales != nullptr;
+}
+
 void check_paged(const RaggedShape& shape, const PagedCaches& caches) {
+  const bool pools =
+      shape.fp8 ? has_fp8_pools(caches.fp8) : caches.keys != nullptr && caches.values != nullptr;
   if (caches.batch <= 0 || caches.max_pages <= 0 || caches.page_tables == nullptr ||
-      caches.lengths == nullptr || caches.keys == nullptr || caches.values == nullptr) {
-    throw Error("paged decode: needs at least one sequence, page tables, lengths and pools");
+      caches.lengths == nullptr || !pools) {
+    throw Error(
+        std::string("paged decode: needs at least one sequence, page tables, lengths and ") +
+        (shape.fp8 ? "FP8 pools (codes and scales)" : "bf16 pools"));
   }
   if (shape.cache_stride != caches.max_pages * kPagedRows) {
     throw Error("paged decode: the shape's cache stride must be max_pages * " +
@@ -884,6 +953,14 @@ void paged_append(const bf16* k, const bf16* v, int64_t row_stride, const Ragged
   check_paged(shape, caches);
   if (k == nullptr || v == nullptr) throw Error("paged append: null pointer");
   const int64_t entries = caches.batch * ragged_cache_count(shape);
+  if (shape.fp8) {
+    launch_dependent("paged_append_fp8_kernel", paged_append_fp8_kernel,
+                     dim3(static_cast<unsigned>(entries)), dim3(64), 0, stream, k, v, row_stride,
+                     static_cast<int>(shape.head_dim), static_cast<int>(ragged_cache_count(shape)),
+                     static_cast<int>(shape.q_heads / shape.kv_heads), shape.per_query_head,
+                     caches.page_tables, caches.max_pages, caches.fp8, caches.lengths);
+    return;
+  }
   launch_dependent("paged_append_kernel", paged_append_kernel, dim3(static_cast<unsigned>(entries)),
                    dim3(128), 0, stream, k, v, row_stride, static_cast<int>(shape.head_dim),
                    static_cast<int>(ragged_cache_count(shape)),
@@ -897,17 +974,26 @@ void paged_decode(const bf16* q, int64_t q_stride, const RaggedShape& shape,
                   cudaStream_t stream, int splits) {
   check_shape(shape, true);
   check_paged(shape, caches);
-  if (shape.fp8) throw Error("paged decode: pages of FP8 codes are not supported");
   if (q == nullptr || out == nullptr) throw Error("paged decode: null pointer");
-  if (!aligned16(q) || q_stride % 8 != 0 || !aligned16(caches.keys) || !aligned16(caches.values) ||
+  const void* key_pool = shape.fp8 ? static_cast<const void*>(caches.fp8.key_codes) : caches.keys;
+  const void* value_pool =
+      shape.fp8 ? static_cast<const void*>(caches.fp8.value_codes) : caches.values;
+  if (!aligned16(q) || q_stride % 8 != 0 || !aligned16(key_pool) || !aligned16(value_pool) ||
       !aligned16(out)) {
     throw Error("paged decode: queries, pools and output must start on 16-byte boundaries");
   }
   RaggedParams params;
   params.q = q;
   params.q_stride = q_stride;
-  params.k = caches.keys;
-  params.v = caches.values;
+  if (shape.fp8) {
+    params.k_codes = caches.fp8.key_codes;
+    params.v_codes = caches.fp8.value_codes;
+    params.k_scales = caches.fp8.key_scales;
+    params.v_scales = caches.fp8.value_scales;
+  } else {
+    params.k = caches.keys;
+    params.v = caches.values;
+  }
   params.out = out;
   params.lengths = caches.lengths;
   params.page_tables = caches.page_tables;
@@ -930,6 +1016,23 @@ void paged_store(const bf16* keys, const bf16* values, int64_t cache_stride, int
                        0, stream>>>(keys, values, cache_stride, static_cast<int>(head_dim), lengths,
                                     page_table, max_pages, key_pool, value_pool);
   check(cudaGetLastError(), "paged_store_kernel");
+}
+
+void paged_store(const Fp8KvCache& cache, int64_t cache_stride, int64_t caches, int64_t head_dim,
+                 const int32_t* lengths, const int32_t* page_table, int64_t max_pages,
+                 const Fp8KvCache& pool, cudaStream_t stream) {
+  if (caches <= 0 || max_pages <= 0 || caches > 65535 || head_dim % 16 != 0 || cache_stride <= 0) {
+    throw Error("paged store: needs caches in [1, 65535], pages and a head_dim multiple of 16");
+  }
+  if (!has_fp8_pools(cache) || !has_fp8_pools(pool) || lengths == nullptr ||
+      page_table == nullptr || !aligned16(cache.key_codes) || !aligned16(cache.value_codes) ||
+      !aligned16(pool.key_codes) || !aligned16(pool.value_codes)) {
+    throw Error("paged store: null or unaligned pointer");
+  }
+  paged_store_fp8_kernel<<<dim3(static_cast<unsigned>(max_pages), static_cast<unsigned>(caches)),
+                           128, 0, stream>>>(cache, cache_stride, static_cast<int>(head_dim),
+                                             lengths, page_table, max_pages, pool);
+  check(cudaGetLastError(), "paged_store_fp8_kernel");
 }
 
 void ragged_decode(const bf16* q, const Fp8KvCache& cache, const int32_t* lengths,

@@ -79,7 +79,9 @@ void ragged_decode(const bf16* q, const Fp8KvCache& cache, const int32_t* length
 // ragged_cache_count(shape) caches each, entry b * caches + c for cache c of sequence b. An entry's
 // rows [i * kPagedRows, (i + 1) * kPagedRows) live in page page_tables[entry * max_pages + i] of
 // the pools ([pages][kPagedRows][head_dim] bf16 each); lengths[entry] rows are filled. The shape's
-// cache_stride is max_pages * kPagedRows, its max_length bounds every length.
+// cache_stride is max_pages * kPagedRows, its max_length bounds every length. With shape.fp8 the
+// pools are `fp8` instead: E4M3 codes [pages][kPagedRows][head_dim] and one scale per row
+// ([pages][kPagedRows] floats), each row quantized as quantize_kv_rows quantizes it.
 constexpr int kPagedRows = 32;  // rows per page: one key tile of the decode kernel
 struct PagedCaches {
   const int32_t* page_tables = nullptr;
@@ -87,6 +89,7 @@ struct PagedCaches {
   int32_t* lengths = nullptr;
   bf16* keys = nullptr;
   bf16* values = nullptr;
+  Fp8KvCache fp8;
   int batch = 0;
 };
 
@@ -103,6 +106,12 @@ void paged_append(const bf16* k, const bf16* v, int64_t row_stride, const Ragged
 void paged_store(const bf16* keys, const bf16* values, int64_t cache_stride, int64_t caches,
                  int64_t head_dim, const int32_t* lengths, const int32_t* page_table,
                  int64_t max_pages, bf16* key_pool, bf16* value_pool, cudaStream_t stream);
+
+// paged_store of FP8 caches (codes and row scales in `cache`, laid out as the bf16 ones) into FP8
+// pools: the codes and scales are copied, not quantized again.
+void paged_store(const Fp8KvCache& cache, int64_t cache_stride, int64_t caches, int64_t head_dim,
+                 const int32_t* lengths, const int32_t* page_table, int64_t max_pages,
+                 const Fp8KvCache& pool, cudaStream_t stream);
 
 // ragged_decode_splits and ragged_decode_workspace_floats for paged_decode over `batch` sequences.
 int paged_decode_splits(const RaggedShape& shape, int batch, int requested = 0);

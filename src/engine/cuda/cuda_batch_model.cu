@@ -18,8 +18,11 @@ namespace {
 // Beside the pool: the CUDA context, cuBLASLt's workspace, the batched step's buffers.
 constexpr size_t kHeadroomBytes = size_t{2} << 30;
 
-int64_t page_bytes_of(const ModelConfig& c) {
-  return 2 * static_cast<int64_t>(kPagedRows) * c.head_dim * static_cast<int64_t>(sizeof(bf16));
+// Keys and values of kPagedRows rows of one head: bf16, or E4M3 codes with a float scale per row.
+int64_t page_bytes_of(const ModelConfig& c, bool fp8) {
+  const int64_t row_bytes = fp8 ? c.head_dim + static_cast<int64_t>(sizeof(float))
+                                : c.head_dim * static_cast<int64_t>(sizeof(bf16));
+  return 2 * static_cast<int64_t>(kPagedRows) * row_bytes;
 }
 
 // The model's buffers for the heaviest policies a request may pick (sparse prefill estimator,
@@ -71,13 +74,16 @@ class CudaBatchModel : public BatchModel {
  public:
   // `model` was built with model_options(options).
   CudaBatchModel(std::unique_ptr<CudaTransformer> model, const BatchModelOptions& options)
-      : config_(model->config()), owned_model_(std::move(model)), model_(*owned_model_) {
+      : config_(model->config()),
+        fp8_pages_(options.fp8_kv_cache),
+        owned_model_(std::move(model)),
+        model_(*owned_model_) {
     const CudaModelOptions base = model_options(config_, options);
     const size_t current = model_.memory_plan().activations;
     const size_t largest = largest_policy_activations(config_, base);
     const size_t headroom = kHeadroomBytes + (largest > current ? largest - current : 0);
     const auto [free_bytes, total_bytes] = device_memory();
-    const int64_t page_bytes = page_bytes_of(config_);
+    const int64_t page_bytes = page_bytes_of(config_, fp8_pages_);
     int64_t pool_bytes = options.pool_bytes;
     if (pool_bytes <= 0) {
       pool_bytes = free_bytes > headroom ? static_cast<int64_t>(free_bytes - headroom) : 0;
@@ -92,9 +98,23 @@ class CudaBatchModel : public BatchModel {
       throw Error("the GPU has no memory left for a KV pool after the model (" +
                   std::to_string(free_bytes >> 20) + " MiB free)");
     }
-    const size_t rows = static_cast<size_t>(pages_total_) * kPagedRows * config_.head_dim;
-    pool_keys_.allocate(rows);
-    pool_values_.allocate(rows);
+    const size_t rows = static_cast<size_t>(pages_total_) * kPagedRows;
+    const size_t elements = rows * config_.head_dim;
+    if (fp8_pages_) {
+      pool_key_codes_.allocate(elements);
+      pool_value_codes_.allocate(elements);
+      pool_key_scales_.allocate(rows);
+      pool_value_scales_.allocate(rows);
+      pool_.keys = pool_key_codes_.data();
+      pool_.values = pool_value_codes_.data();
+      pool_.key_scales = pool_key_scales_.data();
+      pool_.value_scales = pool_value_scales_.data();
+    } else {
+      pool_keys_.allocate(elements);
+      pool_values_.allocate(elements);
+      pool_.keys = pool_keys_.data();
+      pool_.values = pool_values_.data();
+    }
     free_pages_.resize(static_cast<size_t>(pages_total_));
     // Popped from the back: low page numbers first.
     std::iota(free_pages_.rbegin(), free_pages_.rend(), 0);
@@ -217,7 +237,7 @@ class CudaBatchModel : public BatchModel {
     KvPoolUsage usage;
     usage.pages_total = pages_total_;
     usage.pages_used = pages_total_ - static_cast<int64_t>(free_pages_.size());
-    usage.page_bytes = page_bytes_of(config_);
+    usage.page_bytes = page_bytes_of(config_, fp8_pages_);
     return usage;
   }
   int pages_held(SequenceId sequence) const override {
@@ -263,12 +283,9 @@ class CudaBatchModel : public BatchModel {
  public:
   static CudaModelOptions model_options(const ModelConfig& config,
                                         const BatchModelOptions& options) {
-    if (options.fp8_kv_cache) {
-      throw Error(
-          "--kv-cache fp8: the CUDA server's paged pool holds bf16 pages only; serve on the CPU "
-          "or without --kv-cache fp8");
-    }
     CudaModelOptions cuda_options;
+    // The resident cache and the pool's pages alike: stored pages are its codes and scales.
+    cuda_options.fp8_kv_cache = options.fp8_kv_cache;
     cuda_options.context_length = resolve_context_length(config, options.context_length);
     cuda_options.layer_major_prefill = true;
     // The resident cache is stored into the pool right after it compresses, with room for the
@@ -348,8 +365,7 @@ class CudaBatchModel : public BatchModel {
         }
         tables.emplace_back(table.size());
         tables.back().upload(table.data(), table.size());
-        model_.store_resident_layer(index, tables.back().data(), max_pages, pool_keys_.data(),
-                                    pool_values_.data());
+        model_.store_resident_layer(index, tables.back().data(), max_pages, pool_);
       }
       check(cudaStreamSynchronize(static_cast<cudaStream_t>(model_.stream())), "cache store");
     } catch (...) {
@@ -402,8 +418,7 @@ class CudaBatchModel : public BatchModel {
     CudaTransformer::PagedBatch batch;
     batch.tokens = tokens;
     batch.positions = positions;
-    batch.pool_keys = pool_keys_.data();
-    batch.pool_values = pool_values_.data();
+    batch.pool = pool_;
     for (BatchLayer& layer : batch_layers_)
       batch.layers.push_back({layer.tables.data(), layer.max_pages, layer.lengths.data()});
     model_.decode_paged(batch, logits);
@@ -416,9 +431,13 @@ class CudaBatchModel : public BatchModel {
   };
 
   ModelConfig config_;
+  bool fp8_pages_ = false;  // the pool holds FP8 pages (BatchModelOptions::fp8_kv_cache)
   std::unique_ptr<CudaTransformer> owned_model_;
   CudaTransformer& model_;
-  DeviceBuffer<bf16> pool_keys_, pool_values_;
+  DeviceBuffer<bf16> pool_keys_, pool_values_;               // bf16 pages
+  DeviceBuffer<uint8_t> pool_key_codes_, pool_value_codes_;  // FP8 pages
+  DeviceBuffer<float> pool_key_scales_, pool_value_scales_;
+  CudaTransformer::PagedPool pool_;
   int64_t pages_total_ = 0;
   std::vector<int32_t> free_pages_;
   std::map<SequenceId, Entry> sequences_;

@@ -1835,8 +1835,13 @@ struct CudaTransformer::State {
     return resident;
   }
 
+  static Fp8KvCache fp8_pages(const CudaTransformer::PagedPool& pool) {
+    return {static_cast<uint8_t*>(pool.keys), static_cast<uint8_t*>(pool.values), pool.key_scales,
+            pool.value_scales};
+  }
+
   void store_resident_layer(int index, const int32_t* page_table, int64_t max_pages,
-                            void* pool_keys, void* pool_values) {
+                            const CudaTransformer::PagedPool& pool) {
     Layer& layer = layers.at(static_cast<size_t>(index));
     const int32_t* lengths = layer.lengths.data();
     DeviceBuffer<int32_t> full_lengths;
@@ -1846,9 +1851,14 @@ struct CudaTransformer::State {
       full_lengths.upload(host.data(), host.size());
       lengths = full_lengths.data();
     }
-    paged_store(layer.keys.data(), layer.values.data(), layer.cache_stride, layer.cache_heads,
-                w.head_dim, lengths, page_table, max_pages, static_cast<bf16*>(pool_keys),
-                static_cast<bf16*>(pool_values), stream);
+    if (fp8_cache) {
+      paged_store(layer.fp8_rows(), layer.cache_stride, layer.cache_heads, w.head_dim, lengths,
+                  page_table, max_pages, fp8_pages(pool), stream);
+    } else {
+      paged_store(layer.keys.data(), layer.values.data(), layer.cache_stride, layer.cache_heads,
+                  w.head_dim, lengths, page_table, max_pages, static_cast<bf16*>(pool.keys),
+                  static_cast<bf16*>(pool.values), stream);
+    }
     if (!layer.compressed) check(cudaStreamSynchronize(stream), "cache store");
   }
 
@@ -1894,6 +1904,7 @@ struct CudaTransformer::State {
     shape.q_heads = config.num_heads;
     shape.kv_heads = config.num_kv_heads;
     shape.head_dim = config.head_dim;
+    shape.fp8 = fp8_cache;
     size_t workspace = 1;
     for (const CudaTransformer::PagedLayer& layer : batch.layers) {
       shape.cache_stride = shape.max_length = layer.max_pages * kPagedRows;
@@ -1912,8 +1923,12 @@ struct CudaTransformer::State {
       caches.page_tables = pages.page_tables;
       caches.max_pages = pages.max_pages;
       caches.lengths = pages.lengths;
-      caches.keys = static_cast<bf16*>(batch.pool_keys);
-      caches.values = static_cast<bf16*>(batch.pool_values);
+      if (fp8_cache) {
+        caches.fp8 = fp8_pages(batch.pool);
+      } else {
+        caches.keys = static_cast<bf16*>(batch.pool.keys);
+        caches.values = static_cast<bf16*>(batch.pool.values);
+      }
       caches.batch = static_cast<int>(rows);
       shape.cache_stride = shape.max_length = pages.max_pages * kPagedRows;
       paged_append(qkv.data() + w.q, qkv.data() + w.q + w.kv, w.qkv, shape, caches, stream);
@@ -2037,8 +2052,8 @@ CudaTransformer::ResidentLayer CudaTransformer::resident_layer(int layer) const 
   return state_->resident_layer(layer);
 }
 void CudaTransformer::store_resident_layer(int layer, const int32_t* page_table, int64_t max_pages,
-                                           void* pool_keys, void* pool_values) {
-  state_->store_resident_layer(layer, page_table, max_pages, pool_keys, pool_values);
+                                           const PagedPool& pool) {
+  state_->store_resident_layer(layer, page_table, max_pages, pool);
 }
 void CudaTransformer::decode_paged(const PagedBatch& batch, float* logits) {
   state_->decode_paged(batch, logits);

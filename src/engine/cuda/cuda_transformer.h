@@ -158,11 +158,19 @@ class CudaTransformer : public LanguageModel {
     std::vector<int32_t> lengths;
   };
   ResidentLayer resident_layer(int layer) const;
+  // A serving pool's pages: bf16 keys and values ([pages][kPagedRows][head_dim] each), or, for a
+  // model with an FP8 cache (CudaModelOptions::fp8_kv_cache), E4M3 codes in that layout with one
+  // float scale per row ([pages][kPagedRows]) in the scales.
+  struct PagedPool {
+    void* keys = nullptr;
+    void* values = nullptr;
+    float* key_scales = nullptr;
+    float* value_scales = nullptr;
+  };
   // Copies that layer's cache into pool pages: cache c's rows go to the pages
-  // page_table[c * max_pages ..] (a device array) of the pools (bf16
-  // [pages][kPagedRows][head_dim]). Ordered on stream().
+  // page_table[c * max_pages ..] (a device array) of the pool. Ordered on stream().
   void store_resident_layer(int layer, const int32_t* page_table, int64_t max_pages,
-                            void* pool_keys, void* pool_values);
+                            const PagedPool& pool);
 
   // One layer's paged caches of a batch: entry b * kv_heads + h is KV head h of row b.
   struct PagedLayer {
@@ -174,8 +182,7 @@ class CudaTransformer : public LanguageModel {
     std::span<const int32_t> tokens;     // one per row
     std::span<const int32_t> positions;  // each row's position
     std::vector<PagedLayer> layers;
-    void* pool_keys = nullptr;
-    void* pool_values = nullptr;
+    PagedPool pool;
   };
   // Runs every row's token through the model over its paged caches, appending its key and value
   // there, and writes [rows][vocab] logits to host memory at `logits` (pinned memory downloads
