@@ -17,7 +17,8 @@
 //             once plus every kept key and value, at the copy bandwidth measured in the run.
 //   interference  --stream-clients streams decoding, then one request of --prompt tokens arrives:
 //             the streams' inter-token p50/p99 before and while it prefills.
-// --kv-cache fp8 holds the pool's pages as E4M3 codes with a scale per row (default auto: bf16).
+// --kv-cache fp8 holds the pool's pages as E4M3 codes with a scale per row (default auto: bf16);
+// --weights fp8 quantizes every projection per output row (default bf16).
 // Output like vLLM's benchmark_serving: throughput, TTFT and TPOT p50/p99, concurrency, pool use.
 #include <algorithm>
 #include <atomic>
@@ -252,6 +253,7 @@ int run_serve_bench(int argc, char** argv) {
   int floor_sequences = 32, floor_prompt = 32768, floor_steps = 32;
   int context = 0;
   std::string kv_cache = "auto";  // as the CLI: bf16 pages, or fp8
+  std::string weights = "bf16";   // or fp8: projections quantized per row
   int64_t prefill_budget = serve::SchedulerOptions{}.prefill_token_layers_per_step;
   int64_t prefill_budget_decoding = serve::SchedulerOptions{}.prefill_token_layers_while_decoding;
   for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {
@@ -299,6 +301,8 @@ int run_serve_bench(int argc, char** argv) {
       context = std::stoi(value);
     else if (flag == "--kv-cache")
       kv_cache = value;
+    else if (flag == "--weights")
+      weights = value;
     else if (flag == "--prefill-budget")
       prefill_budget = std::stoll(value);
     else if (flag == "--prefill-budget-decoding")
@@ -312,6 +316,10 @@ int run_serve_bench(int argc, char** argv) {
   }
   const bool fp8_pages = kv_cache == "fp8";
   const char* page_format = fp8_pages ? "fp8" : "bf16";
+  if (weights != "bf16" && weights != "fp8") {
+    throw Error("--weights must be bf16 or fp8, not '" + weights + "'");
+  }
+  const bool fp8_weights = weights == "fp8";
   const std::vector<std::string> scenarios = split(scenarios_text);
   const auto wants = [&](const char* name) {
     return std::find(scenarios.begin(), scenarios.end(), name) != scenarios.end();
@@ -328,13 +336,16 @@ int run_serve_bench(int argc, char** argv) {
   options.context_length = context;
   options.fp8_kv_cache = fp8_pages;
   const Clock::time_point built = Clock::now();
-  std::unique_ptr<BatchModel> owned = cuda::make_cuda_batch_model(config, 1234, options);
+  std::unique_ptr<BatchModel> owned =
+      cuda::make_cuda_batch_model(config, 1234, options, fp8_weights);
   BatchModel* model = owned.get();
   const KvPoolUsage pool = model->pool_usage();
   std::printf(
-      "%s: context %d, KV pool %lld %s pages of %lld KiB (%.1f GiB), ready in %.1f s on %s\n",
-      shape_name.c_str(), model->context_length(), static_cast<long long>(pool.pages_total),
-      page_format, static_cast<long long>(pool.page_bytes >> 10),
+      "%s, %s weights: context %d, KV pool %lld %s pages of %lld KiB (%.1f GiB), ready in %.1f s "
+      "on %s\n",
+      shape_name.c_str(), weights.c_str(), model->context_length(),
+      static_cast<long long>(pool.pages_total), page_format,
+      static_cast<long long>(pool.page_bytes >> 10),
       static_cast<double>(pool.pages_total) * pool.page_bytes / (1 << 30),
       seconds(built, Clock::now()), model->device_name().c_str());
   nlohmann::json report = {{"shape", shape_name},
@@ -342,6 +353,7 @@ int run_serve_bench(int argc, char** argv) {
                            {"copy_gb_s", (bandwidth.median_bytes_per_second / 1e9)},
                            {"context", model->context_length()},
                            {"kv_cache", page_format},
+                           {"weights", weights},
                            {"pool_pages", pool.pages_total},
                            {"page_bytes", pool.page_bytes}};
   const int vocab = config.vocab_size;
@@ -383,8 +395,10 @@ int run_serve_bench(int argc, char** argv) {
     for (BatchModel::SequenceId id : ids) {
       kept_rows += model->attention_work(id).cache_entries_after;
     }
+    cuda::CudaModelOptions plan_options;
+    plan_options.fp8_weights = fp8_weights;
     const double weight_bytes =
-        static_cast<double>(cuda::CudaTransformer::plan(config, {}).weights);
+        static_cast<double>(cuda::CudaTransformer::plan(config, plan_options).weights);
     // A kept row is read as keys and values: bf16, or E4M3 codes with a float scale each.
     const double row_bytes = fp8_pages ? config.head_dim + 4.0 : config.head_dim * 2.0;
     const double kv_bytes = static_cast<double>(kept_rows) * 2 * row_bytes;

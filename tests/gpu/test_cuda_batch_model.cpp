@@ -26,6 +26,7 @@
 #include "engine/sampler.h"
 #include "gpu/gpu_test_support.h"
 #include "model/model_weights.h"
+#include "model/quantize_weights.h"
 #include "model/random_model.h"
 #include "serve/scheduler.h"
 #include "shipped_model_support.h"
@@ -36,6 +37,8 @@ namespace entropyinfer {
 namespace {
 
 constexpr double kLogitBound = 2e-2;
+// FP8 products of several rows (cuBLASLt, fast accumulation) against the single-row FP8 GEMV.
+constexpr double kFp8ProductLogitBound = 0.1;
 
 struct Case {
   std::string methods;
@@ -66,7 +69,9 @@ class CudaBatchModelTest : public ::testing::Test {
   }
 
   static void expect_batched_logits_equal_alone(
-      const std::vector<std::pair<std::string, int>>& methods_and_lengths, bool fp8_kv_cache);
+      const ModelWeights& weights,
+      const std::vector<std::pair<std::string, int>>& methods_and_lengths, bool fp8_kv_cache,
+      double bound = kLogitBound);
 
   static ModelWeights* weights_;
 };
@@ -75,7 +80,9 @@ ModelWeights* CudaBatchModelTest::weights_ = nullptr;
 // With fp8_kv_cache both executors hold FP8 caches: the lone one decodes its codes through
 // ragged_decode, the batch its FP8 pages through paged_decode.
 void CudaBatchModelTest::expect_batched_logits_equal_alone(
-    const std::vector<std::pair<std::string, int>>& methods_and_lengths, bool fp8_kv_cache) {
+    const ModelWeights& weights,
+    const std::vector<std::pair<std::string, int>>& methods_and_lengths, bool fp8_kv_cache,
+    double bound) {
   constexpr int kSteps = 12;
   std::vector<Case> cases;
   for (const auto& [methods, tokens] : methods_and_lengths) {
@@ -83,7 +90,7 @@ void CudaBatchModelTest::expect_batched_logits_equal_alone(
     c.methods = methods;
     c.prompt_tokens = tokens;
     c.attention = testing::small_budgets(methods);
-    c.prompt = random_prompt(tokens, weights_->config.vocab_size, 17 + cases.size());
+    c.prompt = random_prompt(tokens, weights.config.vocab_size, 17 + cases.size());
     cases.push_back(c);
   }
   {
@@ -91,7 +98,7 @@ void CudaBatchModelTest::expect_batched_logits_equal_alone(
     alone_options.layer_major_prefill = true;
     alone_options.decode_room = 64;
     alone_options.fp8_kv_cache = fp8_kv_cache;
-    cuda::CudaTransformer alone(*weights_, alone_options);
+    cuda::CudaTransformer alone(weights, alone_options);
     for (Case& c : cases) {
       alone.set_attention(c.attention, true);
       std::vector<float> logits = alone.forward(c.prompt);
@@ -103,14 +110,14 @@ void CudaBatchModelTest::expect_batched_logits_equal_alone(
       }
     }
   }
-  std::unique_ptr<BatchModel> batch = make_batch_model(*weights_, options(256, fp8_kv_cache));
-  const PrefillWork work(weights_->config);
+  std::unique_ptr<BatchModel> batch = make_batch_model(weights, options(256, fp8_kv_cache));
+  const PrefillWork work(weights.config);
   std::vector<BatchModel::SequenceId> ids;
   for (const Case& c : cases) ids.push_back(batch->open(c.attention, c.prompt, kSteps + 1));
 
   std::vector<int> fed(cases.size(), -1);
   size_t prefilling = 0;
-  double worst = 0.0;
+  double worst = 0.0, worst_prefill = 0.0;
   int decode_rows = 0, largest_batch = 0;
   bool waited_for_slot = false;
   bool started = false;  // ids[prefilling] has begun its prefill
@@ -137,7 +144,7 @@ void CudaBatchModelTest::expect_batched_logits_equal_alone(
     }
     if (input.decode.empty() && input.prefill < 0) break;
     const BatchModel::StepOutput output = batch->step(input);
-    const size_t vocab = static_cast<size_t>(weights_->config.vocab_size);
+    const size_t vocab = static_cast<size_t>(weights.config.vocab_size);
     ASSERT_EQ(output.decode_logits.size(), decoding.size() * vocab);
     largest_batch = std::max(largest_batch, static_cast<int>(decoding.size()));
     for (size_t row = 0; row < decoding.size(); ++row) {
@@ -150,8 +157,9 @@ void CudaBatchModelTest::expect_batched_logits_equal_alone(
       ++decode_rows;
     }
     if (output.prefill_done) {
-      worst = std::max(worst, testing::relative_max_deviation(output.prefill_logits,
-                                                              cases[prefilling].alone_logits[0]));
+      worst_prefill =
+          std::max(worst_prefill, testing::relative_max_deviation(
+                                      output.prefill_logits, cases[prefilling].alone_logits[0]));
       fed[prefilling] = 0;
       ++prefilling;
       started = false;
@@ -161,12 +169,14 @@ void CudaBatchModelTest::expect_batched_logits_equal_alone(
     for (BatchModel::SequenceId id : ids) held += batch->pages_held(id);
     ASSERT_EQ(pool.pages_used, held);
   }
-  std::cout << "largest logit deviation batched vs alone: " << worst << " of the largest logit ("
-            << decode_rows << " decode rows, batches up to " << largest_batch << ")\n";
+  std::cout << "largest logit deviation batched vs alone: prefill " << worst_prefill << ", decode "
+            << worst << " of the largest logit (" << decode_rows << " decode rows, batches up to "
+            << largest_batch << ")\n";
   EXPECT_EQ(decode_rows, kSteps * static_cast<int>(cases.size()));
   EXPECT_GE(largest_batch, 2);
   EXPECT_TRUE(waited_for_slot) << "the latent sequences should have held the prefill slot";
-  EXPECT_LT(worst, kLogitBound);
+  EXPECT_LT(worst, bound);
+  EXPECT_LT(worst_prefill, bound);
   for (size_t i = 0; i < cases.size(); ++i) {
     const bool compresses = cases[i].attention.decode != DecodeMethod::kFull;
     EXPECT_EQ(batch->compressed(ids[i]), compresses) << cases[i].methods;
@@ -186,7 +196,8 @@ void CudaBatchModelTest::expect_batched_logits_equal_alone(
 
 TEST_F(CudaBatchModelTest, SequencesDecodingTogetherGetTheLogitsEachGetsAlone) {
   ENTROPYINFER_REQUIRE_GPU();
-  expect_batched_logits_equal_alone({{"full", 300},
+  expect_batched_logits_equal_alone(*weights_,
+                                    {{"full", 300},
                                      {"entropy+snapkv", 520},
                                      {"full+latent", 410},
                                      {"critiprefill+streaming", 260},
@@ -200,6 +211,7 @@ TEST_F(CudaBatchModelTest, SequencesDecodingTogetherGetTheLogitsEachGetsAlone) {
 TEST_F(CudaBatchModelTest, Fp8PagesGetTheLogitsOfTheLoneFp8Cache) {
   ENTROPYINFER_REQUIRE_GPU();
   expect_batched_logits_equal_alone(
+      *weights_,
       {{"full", 300}, {"entropy+snapkv", 520}, {"full+latent", 410}, {"entropy+latent", 700}},
       true);
   const int64_t head_dim = weights_->config.head_dim;
@@ -208,6 +220,20 @@ TEST_F(CudaBatchModelTest, Fp8PagesGetTheLogitsOfTheLoneFp8Cache) {
   EXPECT_EQ(bf16_pool.page_bytes, 2 * cuda::kPagedRows * head_dim * 2);
   EXPECT_EQ(fp8_pool.page_bytes, 2 * cuda::kPagedRows * (head_dim + 4));
   EXPECT_GT(fp8_pool.pages_total, bf16_pool.pages_total * 3 / 2);
+}
+
+// `serve --weights fp8 --kv-cache fp8`: the batch's products run several rows through cuBLASLt's
+// FP8 matmul (fast accumulation) where the lone model's single row takes the FP8 GEMV. The sums
+// differ in order and precision, and a last-bit difference can move an input or a cached row to
+// the next E4M3 code (a step of 6-12%), so the two differ as FP8 differs from bf16: held to the
+// bound the FP8 model meets against transformers' bf16 logits (test_cuda_fp8.cpp).
+TEST_F(CudaBatchModelTest, Fp8WeightsAndPagesGetTheLogitsOfTheLoneFp8Model) {
+  ENTROPYINFER_REQUIRE_GPU();
+  ModelWeights fp8_weights = load_model(testing::shipped_model_dir());
+  quantize_weights_fp8(fp8_weights);
+  expect_batched_logits_equal_alone(
+      fp8_weights, {{"full", 300}, {"entropy+latent", 700}, {"entropy+snapkv", 520}}, true,
+      kFp8ProductLogitBound);
 }
 
 TEST_F(CudaBatchModelTest, RefusesWhatDoesNotFit) {

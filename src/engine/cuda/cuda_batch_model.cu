@@ -459,11 +459,12 @@ std::unique_ptr<BatchModel> make_cuda_batch_model(const ModelWeights& weights,
 }
 
 std::unique_ptr<BatchModel> make_cuda_batch_model(const ModelConfig& config, uint64_t seed,
-                                                  const BatchModelOptions& options) {
+                                                  const BatchModelOptions& options,
+                                                  bool fp8_weights) {
+  CudaModelOptions model_options = CudaBatchModel::model_options(config, options);
+  model_options.fp8_weights = fp8_weights;
   return std::make_unique<CudaBatchModel>(
-      std::make_unique<CudaTransformer>(config, seed,
-                                        CudaBatchModel::model_options(config, options)),
-      options);
+      std::make_unique<CudaTransformer>(config, seed, model_options), options);
 }
 
 }  // namespace entropyinfer::cuda

@@ -21,8 +21,10 @@ namespace entropyinfer::cuda {
 // attention policy's buffers and the batched step's.
 std::unique_ptr<BatchModel> make_cuda_batch_model(const ModelWeights& weights,
                                                   const BatchModelOptions& options);
-// The same over a model of `config`'s shape with random weights drawn on the GPU (benchmarks).
+// The same over a model of `config`'s shape with random weights drawn on the GPU (benchmarks);
+// fp8_weights draws the projections in bf16 and quantizes each row (CudaModelOptions::fp8_weights).
 std::unique_ptr<BatchModel> make_cuda_batch_model(const ModelConfig& config, uint64_t seed,
-                                                  const BatchModelOptions& options);
+                                                  const BatchModelOptions& options,
+                                                  bool fp8_weights = false);
 
 }  // namespace entropyinfer::cuda
