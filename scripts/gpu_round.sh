@@ -34,7 +34,8 @@
 #   profile        Nsight Compute over one decode step (PROFILE_STEP, default 30, of a 4096-token
 #                  prompt) per method of PROFILE_METHODS (default entropy+latent,full): GPU time
 #                  per kernel, summed by kernel (bench/gpu/kernel_profile.py); PROFILE_PREFILL=N
-#                  profiles one N-token prefill per method instead (all kernels but the products)
+#                  profiles one N-token prefill per method instead (all kernels but the products);
+#                  PROFILE_PROMPT the prompt's length, PROFILE_ARGS more bench flags (--weights fp8)
 #   TUNING_MODES   tuning: --gemm-tuning modes compared in-model, in this order (default
 #                  heuristic,burst,sustained); TUNING_METHODS (default entropy+latent,full),
 #                  TUNING_LENGTH (default 130816), TUNING_REPS (default 2)
@@ -487,13 +488,13 @@ if [[ "${steps}" == *",profile,"* && -x "${build}/entropyinfer" ]]; then
       profile_target=(-p "${PROFILE_PREFILL}" -n 1 --profile-prefill)
       ncu_filter=(--kernel-name "regex:embedding|rms|rope|append|extrema|midpoint|epilogue|score|entropy|budget|select|keys_read|flash|swiglu|argmax")
     else
-      profile_target=(-p 4096 -n 40 --profile-decode-step "${PROFILE_STEP:-30}")
+      profile_target=(-p "${PROFILE_PROMPT:-4096}" -n 40 --profile-decode-step "${PROFILE_STEP:-30}")
       ncu_filter=()
     fi
     timeout -k 10 300 "${ncu_bin}" --profile-from-start off --clock-control none "${ncu_filter[@]}" \
       --metrics gpu__time_duration.sum --csv --log-file "${out}/profile-ncu.csv" \
       "${build}/entropyinfer" bench --device cuda --random-model llama-3.1-8b -r 1 \
-      "${profile_target[@]}" --methods "${PROFILE_METHODS:-entropy+latent,full}" \
+      "${profile_target[@]}" --methods "${PROFILE_METHODS:-entropy+latent,full}" ${PROFILE_ARGS:-} \
       2>&1 | tail -4 | tee -a "${log}" || step_failed "profile"
     python3 "${repo_root}/bench/gpu/kernel_profile.py" "${out}/profile-ncu.csv" 2>&1 | tee -a "${log}" ||
       step_failed "profile summary"
