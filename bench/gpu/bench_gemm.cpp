@@ -153,9 +153,17 @@ int run_gemm_bench(int argc, char** argv) {
         matrix.in = product.in;
         matrix.activations.kind = Fp8Activations::Kind::kDynamicPerToken;
         blas.reserve_fp8_inputs(tokens, product.in);
-        for (const bool fast : {true, false}) {
-          if (!fast && tokens == 1) break;  // the GEMV sums in fp32 either way
+        // The engine's own path (the GEMV at one row, the small-batch kernel at 2-8 rows where
+        // the shape allows, else cuBLASLt with fast accumulation), then for several rows cuBLASLt
+        // with fast accumulation and with fp32 promotion, for comparison.
+        const bool small_batch =
+            cuda::Blas::fp8_small_batch_applies(tokens, product.in, product.out);
+        for (const int variant : {0, 1, 2}) {
+          if (variant > 0 && tokens == 1) break;
+          if (variant == 1 && !small_batch) continue;  // the engine's path already is this
+          const bool fast = variant != 2;
           blas.set_fp8_fast_accumulation(fast);
+          blas.set_fp8_small_batch(variant == 0);
           const Timing timing = time_runs(
               [&] {
                 if (product.accumulate) {
@@ -166,14 +174,16 @@ int run_gemm_bench(int argc, char** argv) {
                 }
               },
               stream);
-          const char* kernel = tokens == 1 ? "fp8-gemv"
-                               : fast      ? "fp8-cublaslt"
-                                           : "fp8-cublaslt-precise";
+          const char* kernel = variant == 0 ? (tokens == 1   ? "fp8-gemv"
+                                               : small_batch ? "fp8-small-batch"
+                                                             : "fp8-cublaslt")
+                               : fast       ? "fp8-cublaslt"
+                                            : "fp8-cublaslt-precise";
           const double flops = 2.0 * static_cast<double>(tokens) * product.in * product.out;
           const double tflops = flops / (timing.median_ms * 1e-3) / 1e12;
           const double weight_gbps =
               1.0 * product.in * product.out / (timing.median_ms * 1e-3) / 1e9;
-          if (fast) {  // what the engine runs
+          if (variant == 0) {  // what the engine runs
             fp8_prompt_seconds +=
                 timing.median_ms * 1e-3 * config.num_layers *
                 (static_cast<double>(prompt_tokens) / static_cast<double>(tokens));
@@ -197,6 +207,7 @@ int run_gemm_bench(int argc, char** argv) {
                {"weight_share_of_copy_bandwidth", weight_gbps / copy_gbps}});
         }
         blas.set_fp8_fast_accumulation(true);
+        blas.set_fp8_small_batch(true);
       }
       if (tokens > 1) {
         // Every candidate, timed both ways: a short burst (median of 9) and sustained (the mean

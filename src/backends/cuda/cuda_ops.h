@@ -82,6 +82,11 @@ class Blas {
   // Single-token products (decoding) run in an in-house GEMV kernel that streams the weights with
   // 16-byte loads; off sends them through cuBLASLt too (for comparison).
   void set_gemv(bool enabled) { gemv_ = enabled; }
+  // FP8 products of 2-8 rows (small decode batches) run in an in-house tensor-core kernel that
+  // streams the weights as the GEMV does and sums in fp32 (where the shapes allow: input width a
+  // multiple of 64, output a multiple of 16); off sends them through cuBLASLt (for comparison).
+  void set_fp8_small_batch(bool enabled) { small_batch_ = enabled; }
+  static bool fp8_small_batch_applies(int64_t tokens, int64_t in, int64_t out);
   // GEMV tuning (off by default): a single-token shape's first run outside graph capture times the
   // kernel's configurations (loads in flight, threads per block) and keeps the fastest; untuned
   // shapes run 8 loads in flight and 256 threads. The configurations give identical results.
@@ -144,6 +149,7 @@ class Blas {
   DeviceBuffer<uint8_t> workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, Plan*> plans_;
   bool gemv_ = true;
+  bool small_batch_ = true;
   bool tune_gemv_ = false;
   std::map<std::tuple<int64_t, int64_t, bool, bool>, std::pair<int, int>> gemv_configurations_;
   int autotune_candidates_ = 0;
