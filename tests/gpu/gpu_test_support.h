@@ -71,6 +71,13 @@ inline std::vector<float> download_floats(const cuda::DeviceBuffer<float>& buffe
   return values;
 }
 
+template <typename T>
+std::vector<T> download(const cuda::DeviceBuffer<T>& buffer) {
+  std::vector<T> values(buffer.size());
+  buffer.download(values.data(), values.size());
+  return values;
+}
+
 // Fills a bf16 buffer with NaN, so that any element a kernel fails to write shows up.
 inline void poison(cuda::DeviceBuffer<cuda::bf16>& buffer) {
   cuda::check(cudaMemset(buffer.data(), 0xff, buffer.bytes()), "cudaMemset");

@@ -89,13 +89,6 @@ cuda::DeviceBuffer<T> upload(const std::vector<T>& values) {
   return buffer;
 }
 
-template <typename T>
-std::vector<T> download(const cuda::DeviceBuffer<T>& buffer) {
-  std::vector<T> values(buffer.size());
-  buffer.download(values.data(), values.size());
-  return values;
-}
-
 // Rows of bf16 values whose magnitudes differ by up to 2^spread either way from row to row.
 std::vector<float> spread_rows(int64_t rows, int64_t head_dim, uint32_t seed, int spread = 8) {
   std::vector<float> values = gpu_test::random_bf16_values(rows * head_dim, seed);
@@ -126,11 +119,11 @@ TEST(CudaFp8KvCache, QuantizedRowsEqualTheCoreRuleBitForBit) {
     cuda::quantize_kv_rows(staged_keys.data(), staged_values.data(), caches, stride, head_dim,
                            first, count, cache, lengths.data(), nullptr);
     cuda::check(cudaDeviceSynchronize(), "quantize_kv_rows");
-    const auto codes = download(key_codes), vcodes = download(value_codes);
-    const auto scales = download(key_scales), vscales = download(value_scales);
+    const auto codes = gpu_test::download(key_codes), vcodes = gpu_test::download(value_codes);
+    const auto scales = gpu_test::download(key_scales), vscales = gpu_test::download(value_scales);
     const auto staged_after = gpu_test::download_bf16(staged_keys);
     const auto staged_values_after = gpu_test::download_bf16(staged_values);
-    for (int32_t length : download(lengths)) EXPECT_EQ(length, first + count);
+    for (int32_t length : gpu_test::download(lengths)) EXPECT_EQ(length, first + count);
     std::vector<uint8_t> expected(head_dim);
     for (int64_t c = 0; c < caches; ++c) {
       for (int64_t row = 0; row < stride; ++row) {
@@ -246,9 +239,9 @@ void run_case(const Fp8Case& c, const std::vector<int>& splits, uint32_t seed,
                  v_new.data() + kv * c.head_dim);
     }
     cuda::check(cudaDeviceSynchronize(), "FP8 append");
-    EXPECT_EQ(download(key_codes), host.key_codes) << describe(c);
-    EXPECT_EQ(download(value_scales), host.value_scales) << describe(c);
-    const auto appended = download(lengths);
+    EXPECT_EQ(gpu_test::download(key_codes), host.key_codes) << describe(c);
+    EXPECT_EQ(gpu_test::download(value_scales), host.value_scales) << describe(c);
+    const auto appended = gpu_test::download(lengths);
     for (int64_t i = 0; i < host.caches; ++i) EXPECT_EQ(appended[i], host.lengths[i]);
   }
   const std::vector<float> expected = host.attend(q, shape);

@@ -40,24 +40,89 @@ struct PagedCase {
   std::vector<int64_t> longest;  // per sequence: lengths drawn in [longest / 3, longest]
 };
 
+// A case's batch: each entry's length before the append, drawn in [longest / 3, longest] of its
+// sequence, room for one more row in whole pages, and the decode shape over it.
+struct PagedBatch {
+  int caches = 0, batch = 0;
+  int64_t head_dim = 0, longest = 0, max_pages = 0, stride = 0, entries = 0;
+  std::vector<int32_t> lengths;
+  cuda::RaggedShape shape;
+};
+
+PagedBatch paged_batch(const PagedCase& c, std::mt19937& generator) {
+  PagedBatch p;
+  p.caches = c.per_query_head ? c.q_heads : c.kv_heads;
+  p.batch = static_cast<int>(c.longest.size());
+  p.head_dim = c.head_dim;
+  p.longest = *std::max_element(c.longest.begin(), c.longest.end());
+  p.max_pages = (p.longest + 1 + cuda::kPagedRows - 1) / cuda::kPagedRows;
+  p.stride = p.max_pages * cuda::kPagedRows;
+  p.entries = static_cast<int64_t>(p.batch) * p.caches;
+  p.lengths.resize(static_cast<size_t>(p.entries));
+  for (int b = 0; b < p.batch; ++b) {
+    std::uniform_int_distribution<int64_t> draw(c.longest[b] / 3, c.longest[b]);
+    for (int cache = 0; cache < p.caches; ++cache)
+      p.lengths[b * p.caches + cache] = draw(generator);
+  }
+  p.shape.q_heads = c.q_heads;
+  p.shape.kv_heads = c.kv_heads;
+  p.shape.head_dim = c.head_dim;
+  p.shape.cache_stride = p.stride;
+  p.shape.max_length = p.longest + 1;
+  p.shape.per_query_head = c.per_query_head;
+  return p;
+}
+
+// paged_decode of the whole batch with 1, 3 and the launch's own split count, against each
+// sequence alone through decode_alone(b, out, workspace, workspace_floats, splits) with the split
+// count ragged_decode resolves from the same: the same bits, else `differs`. check(b, mine) then
+// sees each sequence's batched output.
+template <typename DecodeAlone, typename Check>
+void expect_batch_decodes_as_alone(const cuda::RaggedShape& shape, const cuda::PagedCaches& paged,
+                                   const cuda::bf16* q, int batch, const char* differs,
+                                   DecodeAlone decode_alone, Check check) {
+  const int64_t q_width = static_cast<int64_t>(shape.q_heads) * shape.head_dim;
+  cuda::DeviceBuffer<cuda::bf16> paged_out(static_cast<size_t>(batch) * q_width);
+  cuda::DeviceBuffer<cuda::bf16> ragged_out(static_cast<size_t>(q_width));
+  for (int splits : {1, 3, 0}) {
+    // The split count the batch launch chooses, used for the per-sequence reference too.
+    const int resolved = cuda::paged_decode_splits(shape, batch, splits);
+    cuda::DeviceBuffer<float> workspace(
+        std::max<size_t>(1, cuda::paged_decode_workspace_floats(shape, batch, resolved)));
+    gpu_test::poison(paged_out);
+    cuda::paged_decode(q, q_width, shape, paged, paged_out.data(), workspace.data(),
+                       workspace.size(), nullptr, resolved);
+    cuda::check(cudaDeviceSynchronize(), "paged decode");
+    const std::vector<float> batched = gpu_test::download_bf16(paged_out);
+    const int ragged_splits = cuda::ragged_decode_splits(shape, resolved);
+    cuda::DeviceBuffer<float> ragged_workspace(
+        std::max<size_t>(1, cuda::ragged_decode_workspace_floats(shape, ragged_splits)));
+    for (int b = 0; b < batch; ++b) {
+      SCOPED_TRACE("sequence " + std::to_string(b) + ", " + std::to_string(resolved) + " splits");
+      gpu_test::poison(ragged_out);
+      decode_alone(b, ragged_out.data(), ragged_workspace.data(), ragged_workspace.size(),
+                   ragged_splits);
+      cuda::check(cudaDeviceSynchronize(), "ragged decode");
+      const std::vector<float> alone = gpu_test::download_bf16(ragged_out);
+      const std::vector<float> mine(batched.begin() + b * q_width,
+                                    batched.begin() + (b + 1) * q_width);
+      EXPECT_EQ(mine, alone) << differs;
+      check(b, mine);
+    }
+  }
+}
+
 void run_case(const PagedCase& c, uint32_t seed) {
   ENTROPYINFER_REQUIRE_GPU();
   const int group = c.q_heads / c.kv_heads;
-  const int caches = c.per_query_head ? c.q_heads : c.kv_heads;
-  const int batch = static_cast<int>(c.longest.size());
-  const int64_t head_dim = c.head_dim;
-  const int64_t longest = *std::max_element(c.longest.begin(), c.longest.end());
-  const int64_t max_pages = (longest + 1 + cuda::kPagedRows - 1) / cuda::kPagedRows;
-  const int64_t stride = max_pages * cuda::kPagedRows;
   std::mt19937 generator(seed);
-
   // Lengths before the append, and every entry's pages shuffled through one pool.
-  const int64_t entries = static_cast<int64_t>(batch) * caches;
-  std::vector<int32_t> lengths(entries);
-  for (int b = 0; b < batch; ++b) {
-    std::uniform_int_distribution<int64_t> draw(c.longest[b] / 3, c.longest[b]);
-    for (int cache = 0; cache < caches; ++cache) lengths[b * caches + cache] = draw(generator);
-  }
+  const PagedBatch p = paged_batch(c, generator);
+  const int caches = p.caches, batch = p.batch;
+  const int64_t head_dim = p.head_dim, max_pages = p.max_pages, stride = p.stride,
+                entries = p.entries;
+  const std::vector<int32_t>& lengths = p.lengths;
+  const cuda::RaggedShape& shape = p.shape;
   std::vector<int32_t> page_tables(entries * max_pages);
   std::iota(page_tables.begin(), page_tables.end(), 0);
   std::shuffle(page_tables.begin(), page_tables.end(), generator);
@@ -87,14 +152,6 @@ void run_case(const PagedCase& c, uint32_t seed) {
   const int64_t row_stride = q_width + 2 * kv_width;
   const auto fused = gpu_test::random_bf16_values(static_cast<size_t>(batch) * row_stride, seed + 4,
                                                   1.0f, /*uniform=*/true);
-
-  cuda::RaggedShape shape;
-  shape.q_heads = c.q_heads;
-  shape.kv_heads = c.kv_heads;
-  shape.head_dim = head_dim;
-  shape.cache_stride = stride;
-  shape.max_length = longest + 1;
-  shape.per_query_head = c.per_query_head;
 
   auto fused_gpu = gpu_test::upload_bf16(fused);
   auto pool_keys_gpu = gpu_test::upload_bf16(pool_keys);
@@ -135,69 +192,50 @@ void run_case(const PagedCase& c, uint32_t seed) {
 
   const auto q = gpu_test::random_bf16_values(static_cast<size_t>(batch) * q_width, seed + 5, 2.0f);
   auto q_gpu = gpu_test::upload_bf16(q);
-  cuda::DeviceBuffer<cuda::bf16> paged_out(static_cast<size_t>(batch) * q_width);
-  cuda::DeviceBuffer<cuda::bf16> ragged_out(static_cast<size_t>(q_width));
-  for (int splits : {1, 3, 0}) {
-    // The split count the batch launch chooses, used for the per-sequence reference too.
-    const int resolved = cuda::paged_decode_splits(shape, batch, splits);
-    cuda::DeviceBuffer<float> workspace(
-        std::max<size_t>(1, cuda::paged_decode_workspace_floats(shape, batch, resolved)));
-    gpu_test::poison(paged_out);
-    cuda::paged_decode(q_gpu.data(), q_width, shape, paged, paged_out.data(), workspace.data(),
-                       workspace.size(), nullptr, resolved);
-    cuda::check(cudaDeviceSynchronize(), "paged decode");
-    const std::vector<float> batched = gpu_test::download_bf16(paged_out);
-    const int ragged_splits = cuda::ragged_decode_splits(shape, resolved);
-    cuda::DeviceBuffer<float> ragged_workspace(
-        std::max<size_t>(1, cuda::ragged_decode_workspace_floats(shape, ragged_splits)));
-    for (int b = 0; b < batch; ++b) {
-      SCOPED_TRACE("sequence " + std::to_string(b) + ", " + std::to_string(resolved) + " splits");
-      gpu_test::poison(ragged_out);
-      cuda::ragged_decode(q_gpu.data() + b * q_width, keys_gpu.data() + b * sequence_cache,
-                          values_gpu.data() + b * sequence_cache,
-                          ragged_lengths.data() + b * caches, shape, ragged_out.data(),
-                          ragged_workspace.data(), ragged_workspace.size(), nullptr, ragged_splits);
-      cuda::check(cudaDeviceSynchronize(), "ragged decode");
-      const std::vector<float> alone = gpu_test::download_bf16(ragged_out);
-      const std::vector<float> mine(batched.begin() + b * q_width,
-                                    batched.begin() + (b + 1) * q_width);
-      EXPECT_EQ(mine, alone) << "the paged batch differs from ragged_decode of the same rows";
-
-      // And the fp32 CPU reference over the host rows.
-      std::vector<float> host_keys(contiguous_keys.begin() + b * sequence_cache,
-                                   contiguous_keys.begin() + (b + 1) * sequence_cache);
-      std::vector<float> host_values(contiguous_values.begin() + b * sequence_cache,
-                                     contiguous_values.begin() + (b + 1) * sequence_cache);
-      std::vector<const float*> key_heads(caches), value_heads(caches);
-      std::vector<int64_t> host_lengths(caches);
-      for (int cache = 0; cache < caches; ++cache) {
-        const int64_t kv = c.per_query_head ? cache / group : cache;
-        const int64_t row = lengths[b * caches + cache];
-        const size_t at = (static_cast<size_t>(cache) * stride + row) * head_dim;
-        std::copy_n(fused.begin() + b * row_stride + q_width + kv * head_dim, head_dim,
-                    host_keys.begin() + at);
-        std::copy_n(fused.begin() + b * row_stride + q_width + kv_width + kv * head_dim, head_dim,
-                    host_values.begin() + at);
-        key_heads[cache] = host_keys.data() + static_cast<size_t>(cache) * stride * head_dim;
-        value_heads[cache] = host_values.data() + static_cast<size_t>(cache) * stride * head_dim;
-        host_lengths[cache] = row + 1;
-      }
-      cpu::CompressedDecodeShape cpu_shape;
-      cpu_shape.q_heads = c.q_heads;
-      cpu_shape.kv_heads = c.kv_heads;
-      cpu_shape.head_dim = head_dim;
-      cpu_shape.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-      cpu_shape.per_query_head = c.per_query_head;
-      std::vector<float> expected(q_width);
-      const std::vector<float> q_row(q.begin() + b * q_width, q.begin() + (b + 1) * q_width);
-      cpu::compressed_decode_attention(q_row.data(), key_heads.data(), value_heads.data(),
-                                       host_lengths.data(), cpu_shape, expected.data());
-      const auto difference = gpu_test::compare(mine, expected);
-      EXPECT_EQ(difference.non_finite, 0);
-      EXPECT_LE(difference.relative_l2, 1e-2);
-      EXPECT_LE(difference.max_abs_error, 1e-2);
+  const auto decode_alone = [&](int b, cuda::bf16* out, float* workspace, size_t workspace_floats,
+                                int splits) {
+    cuda::ragged_decode(q_gpu.data() + b * q_width, keys_gpu.data() + b * sequence_cache,
+                        values_gpu.data() + b * sequence_cache, ragged_lengths.data() + b * caches,
+                        shape, out, workspace, workspace_floats, nullptr, splits);
+  };
+  const auto matches_the_cpu = [&](int b, const std::vector<float>& mine) {
+    // And the fp32 CPU reference over the host rows.
+    std::vector<float> host_keys(contiguous_keys.begin() + b * sequence_cache,
+                                 contiguous_keys.begin() + (b + 1) * sequence_cache);
+    std::vector<float> host_values(contiguous_values.begin() + b * sequence_cache,
+                                   contiguous_values.begin() + (b + 1) * sequence_cache);
+    std::vector<const float*> key_heads(caches), value_heads(caches);
+    std::vector<int64_t> host_lengths(caches);
+    for (int cache = 0; cache < caches; ++cache) {
+      const int64_t kv = c.per_query_head ? cache / group : cache;
+      const int64_t row = lengths[b * caches + cache];
+      const size_t at = (static_cast<size_t>(cache) * stride + row) * head_dim;
+      std::copy_n(fused.begin() + b * row_stride + q_width + kv * head_dim, head_dim,
+                  host_keys.begin() + at);
+      std::copy_n(fused.begin() + b * row_stride + q_width + kv_width + kv * head_dim, head_dim,
+                  host_values.begin() + at);
+      key_heads[cache] = host_keys.data() + static_cast<size_t>(cache) * stride * head_dim;
+      value_heads[cache] = host_values.data() + static_cast<size_t>(cache) * stride * head_dim;
+      host_lengths[cache] = row + 1;
     }
-  }
+    cpu::CompressedDecodeShape cpu_shape;
+    cpu_shape.q_heads = c.q_heads;
+    cpu_shape.kv_heads = c.kv_heads;
+    cpu_shape.head_dim = head_dim;
+    cpu_shape.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    cpu_shape.per_query_head = c.per_query_head;
+    std::vector<float> expected(q_width);
+    const std::vector<float> q_row(q.begin() + b * q_width, q.begin() + (b + 1) * q_width);
+    cpu::compressed_decode_attention(q_row.data(), key_heads.data(), value_heads.data(),
+                                     host_lengths.data(), cpu_shape, expected.data());
+    const auto difference = gpu_test::compare(mine, expected);
+    EXPECT_EQ(difference.non_finite, 0);
+    EXPECT_LE(difference.relative_l2, 1e-2);
+    EXPECT_LE(difference.max_abs_error, 1e-2);
+  };
+  expect_batch_decodes_as_alone(shape, paged, q_gpu.data(), batch,
+                                "the paged batch differs from ragged_decode of the same rows",
+                                decode_alone, matches_the_cpu);
 }
 
 // Device FP8 caches of `rows` rows: codes and one scale per row, for keys and for values.
@@ -214,28 +252,22 @@ struct DeviceFp8Rows {
   }
 };
 
-template <typename T>
-std::vector<T> download(const cuda::DeviceBuffer<T>& buffer) {
-  std::vector<T> host(buffer.size());
-  buffer.download(host.data(), host.size());
-  return host;
+// Rows [first, ...) of FP8 caches laid out as `rows`: codes of head_dim bytes, one scale each.
+cuda::Fp8KvCache rows_from(const cuda::Fp8KvCache& rows, int64_t first, int64_t head_dim) {
+  return {rows.key_codes + first * head_dim, rows.value_codes + first * head_dim,
+          rows.key_scales + first, rows.value_scales + first};
 }
 
 void run_fp8_case(const PagedCase& c, uint32_t seed) {
   ENTROPYINFER_REQUIRE_GPU();
-  const int caches = c.per_query_head ? c.q_heads : c.kv_heads;
-  const int batch = static_cast<int>(c.longest.size());
-  const int64_t head_dim = c.head_dim;
-  const int64_t longest = *std::max_element(c.longest.begin(), c.longest.end());
-  const int64_t max_pages = (longest + 1 + cuda::kPagedRows - 1) / cuda::kPagedRows;
-  const int64_t stride = max_pages * cuda::kPagedRows;
-  const int64_t entries = static_cast<int64_t>(batch) * caches;
   std::mt19937 generator(seed);
-  std::vector<int32_t> lengths(entries);
-  for (int b = 0; b < batch; ++b) {
-    std::uniform_int_distribution<int64_t> draw(c.longest[b] / 3, c.longest[b]);
-    for (int cache = 0; cache < caches; ++cache) lengths[b * caches + cache] = draw(generator);
-  }
+  PagedBatch p = paged_batch(c, generator);
+  const int caches = p.caches, batch = p.batch;
+  const int64_t head_dim = p.head_dim, max_pages = p.max_pages, stride = p.stride,
+                entries = p.entries;
+  const std::vector<int32_t>& lengths = p.lengths;
+  p.shape.fp8 = true;
+  const cuda::RaggedShape& shape = p.shape;
   // More pages than the entries need, shuffled: stored rows land anywhere in the pool.
   const int64_t pool_pages = entries * max_pages + 7;
   std::vector<int32_t> all_pages(pool_pages);
@@ -262,12 +294,9 @@ void run_fp8_case(const PagedCase& c, uint32_t seed) {
   lengths_gpu.upload(lengths.data(), lengths.size());
   for (int b = 0; b < batch; ++b) {
     const int64_t first = static_cast<int64_t>(b) * caches;
-    const cuda::Fp8KvCache rows = contiguous.view();
-    const cuda::Fp8KvCache sequence{
-        rows.key_codes + first * stride * head_dim, rows.value_codes + first * stride * head_dim,
-        rows.key_scales + first * stride, rows.value_scales + first * stride};
-    cuda::paged_store(sequence, stride, caches, head_dim, lengths_gpu.data() + first,
-                      tables_gpu.data() + first * max_pages, max_pages, pool.view(), nullptr);
+    cuda::paged_store(rows_from(contiguous.view(), first * stride, head_dim), stride, caches,
+                      head_dim, lengths_gpu.data() + first, tables_gpu.data() + first * max_pages,
+                      max_pages, pool.view(), nullptr);
   }
 
   const int64_t q_width = static_cast<int64_t>(c.q_heads) * head_dim;
@@ -275,14 +304,6 @@ void run_fp8_case(const PagedCase& c, uint32_t seed) {
   const int64_t row_stride = q_width + 2 * kv_width;
   auto fused_gpu = gpu_test::upload_bf16(gpu_test::random_bf16_values(
       static_cast<size_t>(batch) * row_stride, seed + 4, 2.0f, /*uniform=*/true));
-  cuda::RaggedShape shape;
-  shape.q_heads = c.q_heads;
-  shape.kv_heads = c.kv_heads;
-  shape.head_dim = head_dim;
-  shape.cache_stride = stride;
-  shape.max_length = longest + 1;
-  shape.per_query_head = c.per_query_head;
-  shape.fp8 = true;
   cuda::PagedCaches paged;
   paged.page_tables = tables_gpu.data();
   paged.max_pages = max_pages;
@@ -294,27 +315,24 @@ void run_fp8_case(const PagedCase& c, uint32_t seed) {
   cuda::DeviceBuffer<int32_t> ragged_lengths(lengths.size());
   ragged_lengths.upload(lengths.data(), lengths.size());
   for (int b = 0; b < batch; ++b) {
-    const cuda::Fp8KvCache rows = contiguous.view();
-    const int64_t first = static_cast<int64_t>(b) * caches * stride;
     cuda::ragged_append(fused_gpu.data() + b * row_stride + q_width,
                         fused_gpu.data() + b * row_stride + q_width + kv_width, shape,
-                        {rows.key_codes + first * head_dim, rows.value_codes + first * head_dim,
-                         rows.key_scales + first, rows.value_scales + first},
+                        rows_from(contiguous.view(), int64_t{b} * caches * stride, head_dim),
                         ragged_lengths.data() + b * caches, nullptr);
   }
   cuda::check(cudaDeviceSynchronize(), "store and append");
-  const std::vector<int32_t> paged_after = download(lengths_gpu);
-  EXPECT_EQ(paged_after, download(ragged_lengths));
+  const std::vector<int32_t> paged_after = gpu_test::download(lengths_gpu);
+  EXPECT_EQ(paged_after, gpu_test::download(ragged_lengths));
 
   // Every row below its new length, stored or appended, is the contiguous row's codes and scale.
-  const std::vector<uint8_t> pool_keys = download(pool.key_codes),
-                             pool_values = download(pool.value_codes),
-                             keys_contiguous = download(contiguous.key_codes),
-                             values_contiguous = download(contiguous.value_codes);
-  const std::vector<float> pool_key_scales = download(pool.key_scales),
-                           pool_value_scales = download(pool.value_scales),
-                           key_scales = download(contiguous.key_scales),
-                           value_scales = download(contiguous.value_scales);
+  const std::vector<uint8_t> pool_keys = gpu_test::download(pool.key_codes),
+                             pool_values = gpu_test::download(pool.value_codes),
+                             keys_contiguous = gpu_test::download(contiguous.key_codes),
+                             values_contiguous = gpu_test::download(contiguous.value_codes);
+  const std::vector<float> pool_key_scales = gpu_test::download(pool.key_scales),
+                           pool_value_scales = gpu_test::download(pool.value_scales),
+                           key_scales = gpu_test::download(contiguous.key_scales),
+                           value_scales = gpu_test::download(contiguous.value_scales);
   int64_t mismatched_rows = 0;
   for (int64_t entry = 0; entry < entries; ++entry) {
     ASSERT_EQ(paged_after[entry], lengths[entry] + 1);
@@ -336,38 +354,18 @@ void run_fp8_case(const PagedCase& c, uint32_t seed) {
 
   auto q_gpu = gpu_test::upload_bf16(
       gpu_test::random_bf16_values(static_cast<size_t>(batch) * q_width, seed + 5, 2.0f));
-  cuda::DeviceBuffer<cuda::bf16> paged_out(static_cast<size_t>(batch) * q_width);
-  cuda::DeviceBuffer<cuda::bf16> ragged_out(static_cast<size_t>(q_width));
-  for (int splits : {1, 3, 0}) {
-    const int resolved = cuda::paged_decode_splits(shape, batch, splits);
-    cuda::DeviceBuffer<float> workspace(
-        std::max<size_t>(1, cuda::paged_decode_workspace_floats(shape, batch, resolved)));
-    gpu_test::poison(paged_out);
-    cuda::paged_decode(q_gpu.data(), q_width, shape, paged, paged_out.data(), workspace.data(),
-                       workspace.size(), nullptr, resolved);
-    cuda::check(cudaDeviceSynchronize(), "paged decode");
-    const std::vector<float> batched = gpu_test::download_bf16(paged_out);
-    const int ragged_splits = cuda::ragged_decode_splits(shape, resolved);
-    cuda::DeviceBuffer<float> ragged_workspace(
-        std::max<size_t>(1, cuda::ragged_decode_workspace_floats(shape, ragged_splits)));
-    for (int b = 0; b < batch; ++b) {
-      SCOPED_TRACE("sequence " + std::to_string(b) + ", " + std::to_string(resolved) + " splits");
-      const cuda::Fp8KvCache rows = contiguous.view();
-      const int64_t first = static_cast<int64_t>(b) * caches * stride;
-      gpu_test::poison(ragged_out);
-      cuda::ragged_decode(q_gpu.data() + b * q_width,
-                          {rows.key_codes + first * head_dim, rows.value_codes + first * head_dim,
-                           rows.key_scales + first, rows.value_scales + first},
-                          ragged_lengths.data() + b * caches, shape, ragged_out.data(),
-                          ragged_workspace.data(), ragged_workspace.size(), nullptr, ragged_splits);
-      cuda::check(cudaDeviceSynchronize(), "ragged decode");
-      const std::vector<float> alone = gpu_test::download_bf16(ragged_out);
-      const std::vector<float> mine(batched.begin() + b * q_width,
-                                    batched.begin() + (b + 1) * q_width);
-      EXPECT_EQ(mine, alone) << "FP8 pages differ from ragged_decode of the same codes";
-      EXPECT_TRUE(std::all_of(mine.begin(), mine.end(), [](float x) { return std::isfinite(x); }));
-    }
-  }
+  expect_batch_decodes_as_alone(
+      shape, paged, q_gpu.data(), batch, "FP8 pages differ from ragged_decode of the same codes",
+      [&](int b, cuda::bf16* out, float* workspace, size_t workspace_floats, int splits) {
+        cuda::ragged_decode(q_gpu.data() + b * q_width,
+                            rows_from(contiguous.view(), int64_t{b} * caches * stride, head_dim),
+                            ragged_lengths.data() + b * caches, shape, out, workspace,
+                            workspace_floats, nullptr, splits);
+      },
+      [](int, const std::vector<float>& mine) {
+        EXPECT_TRUE(
+            std::all_of(mine.begin(), mine.end(), [](float x) { return std::isfinite(x); }));
+      });
 }
 
 TEST(CudaPagedDecode, Fp8PagesMatchTheContiguousFp8Caches) {
