@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "attention/attention_config.h"
+#include "backends/cuda/ragged_decode.h"
 #include "bench_common.h"
 #include "core/error.h"
 #include "engine/batch_model.h"
@@ -399,9 +400,10 @@ int run_serve_bench(int argc, char** argv) {
     plan_options.fp8_weights = fp8_weights;
     const double weight_bytes =
         static_cast<double>(cuda::CudaTransformer::plan(config, plan_options).weights);
-    // A kept row is read as keys and values: bf16, or E4M3 codes with a float scale each.
-    const double row_bytes = fp8_pages ? config.head_dim + 4.0 : config.head_dim * 2.0;
-    const double kv_bytes = static_cast<double>(kept_rows) * 2 * row_bytes;
+    // A kept row's key and value, as the pool's pages hold them (bf16, or E4M3 codes with a
+    // float scale each).
+    const double kv_bytes =
+        static_cast<double>(kept_rows) * static_cast<double>(pool.page_bytes) / cuda::kPagedRows;
     const double floor_ms = (weight_bytes + kv_bytes) / (bandwidth.median_bytes_per_second) * 1e3;
     const double median = percentile(step_ms, 50);
     std::printf(

@@ -32,7 +32,9 @@ constexpr int kKvPageRows = 16;
 struct KvPoolUsage {
   int64_t pages_total = 0;
   int64_t pages_used = 0;
-  int64_t page_bytes = 0;  // keys and values of kKvPageRows rows of one head
+  // Keys and values of one page's rows of one head (kKvPageRows on the CPU, cuda::kPagedRows
+  // on the GPU).
+  int64_t page_bytes = 0;
   int64_t pages_free() const { return pages_total - pages_used; }
 };
 
