@@ -99,21 +99,12 @@ class CudaBatchModel : public BatchModel {
                   std::to_string(free_bytes >> 20) + " MiB free)");
     }
     const size_t rows = static_cast<size_t>(pages_total_) * kPagedRows;
-    const size_t elements = rows * config_.head_dim;
+    const size_t element_bytes = fp8_pages_ ? 1 : sizeof(bf16);
+    pool_keys_.allocate(rows * config_.head_dim * element_bytes);
+    pool_values_.allocate(rows * config_.head_dim * element_bytes);
     if (fp8_pages_) {
-      pool_key_codes_.allocate(elements);
-      pool_value_codes_.allocate(elements);
       pool_key_scales_.allocate(rows);
       pool_value_scales_.allocate(rows);
-      pool_.keys = pool_key_codes_.data();
-      pool_.values = pool_value_codes_.data();
-      pool_.key_scales = pool_key_scales_.data();
-      pool_.value_scales = pool_value_scales_.data();
-    } else {
-      pool_keys_.allocate(elements);
-      pool_values_.allocate(elements);
-      pool_.keys = pool_keys_.data();
-      pool_.values = pool_values_.data();
     }
     free_pages_.resize(static_cast<size_t>(pages_total_));
     // Popped from the back: low page numbers first.
@@ -310,6 +301,11 @@ class CudaBatchModel : public BatchModel {
     return it->second;
   }
 
+  CudaTransformer::PagedPool pool() {
+    return {pool_keys_.data(), pool_values_.data(), pool_key_scales_.data(),
+            pool_value_scales_.data()};
+  }
+
   void release_resident() {
     model_.reset();
     resident_ = -1;
@@ -365,7 +361,7 @@ class CudaBatchModel : public BatchModel {
         }
         tables.emplace_back(table.size());
         tables.back().upload(table.data(), table.size());
-        model_.store_resident_layer(index, tables.back().data(), max_pages, pool_);
+        model_.store_resident_layer(index, tables.back().data(), max_pages, pool());
       }
       check(cudaStreamSynchronize(static_cast<cudaStream_t>(model_.stream())), "cache store");
     } catch (...) {
@@ -418,7 +414,7 @@ class CudaBatchModel : public BatchModel {
     CudaTransformer::PagedBatch batch;
     batch.tokens = tokens;
     batch.positions = positions;
-    batch.pool = pool_;
+    batch.pool = pool();
     for (BatchLayer& layer : batch_layers_)
       batch.layers.push_back({layer.tables.data(), layer.max_pages, layer.lengths.data()});
     model_.decode_paged(batch, logits);
@@ -434,10 +430,9 @@ class CudaBatchModel : public BatchModel {
   bool fp8_pages_ = false;  // the pool holds FP8 pages (BatchModelOptions::fp8_kv_cache)
   std::unique_ptr<CudaTransformer> owned_model_;
   CudaTransformer& model_;
-  DeviceBuffer<bf16> pool_keys_, pool_values_;               // bf16 pages
-  DeviceBuffer<uint8_t> pool_key_codes_, pool_value_codes_;  // FP8 pages
-  DeviceBuffer<float> pool_key_scales_, pool_value_scales_;
-  CudaTransformer::PagedPool pool_;
+  // Pages of bf16 rows, or of E4M3 codes with a float scale per row (fp8_pages_).
+  DeviceBuffer<uint8_t> pool_keys_, pool_values_;
+  DeviceBuffer<float> pool_key_scales_, pool_value_scales_;  // FP8 pages only
   int64_t pages_total_ = 0;
   std::vector<int32_t> free_pages_;
   std::map<SequenceId, Entry> sequences_;
