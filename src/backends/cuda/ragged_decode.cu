@@ -618,6 +618,32 @@ __global__ void ragged_append_fp8_kernel(const bf16* k, const bf16* v, int head_
   if (threadIdx.x == 0) lengths[cache] = row + 1;
 }
 
+// Where the append of entry blockIdx.x (entry b * caches + c: cache c of sequence b) goes: the
+// entry's length before it (`row`), the pool row it fills (`pool_row`, in its page) and the offset
+// of its key and value in the fused rows (`source`). Every thread of the block calls it; false
+// when the entry is full (the caller broke its guarantee).
+struct PagedAppendSlot {
+  int row = 0;
+  int64_t pool_row = 0, source = 0;
+};
+__device__ bool paged_append_slot(int64_t row_stride, int head_dim, int caches, int group,
+                                  bool per_query_head, const int32_t* page_tables,
+                                  int64_t max_pages, const int32_t* lengths,
+                                  PagedAppendSlot& slot) {
+  const int entry = blockIdx.x;
+  const int sequence = entry / caches;
+  const int cache = entry % caches;
+  const int kv_head = per_query_head ? cache / group : cache;
+  slot.row = lengths[entry];
+  __syncthreads();  // every thread has read the length before thread 0 writes the new one
+  if (slot.row < 0 || slot.row >= max_pages * kBlockN) return false;
+  const int64_t page = page_tables[static_cast<int64_t>(entry) * max_pages + slot.row / kBlockN];
+  slot.pool_row = page * kBlockN + slot.row % kBlockN;
+  slot.source =
+      static_cast<int64_t>(sequence) * row_stride + static_cast<int64_t>(kv_head) * head_dim;
+  return true;
+}
+
 // paged_append_kernel into FP8 pages: one warp per row, as ragged_append_fp8_kernel.
 __global__ void paged_append_fp8_kernel(const bf16* k, const bf16* v, int64_t row_stride,
                                         int head_dim, int caches, int group, bool per_query_head,
@@ -625,23 +651,17 @@ __global__ void paged_append_fp8_kernel(const bf16* k, const bf16* v, int64_t ro
                                         Fp8KvCache pool, int32_t* lengths) {
   wait_for_prerequisite_grids();
   allow_dependent_launch();
-  const int entry = blockIdx.x;
-  const int sequence = entry / caches;
-  const int cache = entry % caches;
-  const int kv_head = per_query_head ? cache / group : cache;
-  const int row = lengths[entry];
-  __syncthreads();
-  if (row < 0 || row >= max_pages * kBlockN) return;  // full: the caller broke its guarantee
-  const int64_t page = page_tables[static_cast<int64_t>(entry) * max_pages + row / kBlockN];
-  const int64_t target = page * kBlockN + row % kBlockN;
+  PagedAppendSlot slot;
+  if (!paged_append_slot(row_stride, head_dim, caches, group, per_query_head, page_tables,
+                         max_pages, lengths, slot)) {
+    return;
+  }
   const bool is_value = threadIdx.x >= 32;
-  const int64_t source =
-      static_cast<int64_t>(sequence) * row_stride + static_cast<int64_t>(kv_head) * head_dim;
-  quantize_row_in_warp((is_value ? v : k) + source, head_dim, threadIdx.x % 32,
-                       (is_value ? pool.value_codes : pool.key_codes) + target * head_dim,
-                       (is_value ? pool.value_scales : pool.key_scales) + target);
+  quantize_row_in_warp((is_value ? v : k) + slot.source, head_dim, threadIdx.x % 32,
+                       (is_value ? pool.value_codes : pool.key_codes) + slot.pool_row * head_dim,
+                       (is_value ? pool.value_scales : pool.key_scales) + slot.pool_row);
   __syncthreads();
-  if (threadIdx.x == 0) lengths[entry] = row + 1;
+  if (threadIdx.x == 0) lengths[blockIdx.x] = slot.row + 1;
 }
 
 // One block per (sequence, cache) entry, as ragged_append_kernel, into the entry's pages.
@@ -651,22 +671,17 @@ __global__ void paged_append_kernel(const bf16* k, const bf16* v, int64_t row_st
                                     bf16* value_pool, int32_t* lengths) {
   wait_for_prerequisite_grids();
   allow_dependent_launch();
-  const int entry = blockIdx.x;
-  const int sequence = entry / caches;
-  const int cache = entry % caches;
-  const int kv_head = per_query_head ? cache / group : cache;
-  const int row = lengths[entry];
-  __syncthreads();
-  if (row < 0 || row >= max_pages * kBlockN) return;  // full: the caller broke its guarantee
-  const int64_t page = page_tables[static_cast<int64_t>(entry) * max_pages + row / kBlockN];
-  const int64_t target = (page * kBlockN + row % kBlockN) * head_dim;
-  const int64_t source =
-      static_cast<int64_t>(sequence) * row_stride + static_cast<int64_t>(kv_head) * head_dim;
-  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
-    key_pool[target + e] = k[source + e];
-    value_pool[target + e] = v[source + e];
+  PagedAppendSlot slot;
+  if (!paged_append_slot(row_stride, head_dim, caches, group, per_query_head, page_tables,
+                         max_pages, lengths, slot)) {
+    return;
   }
-  if (threadIdx.x == 0) lengths[entry] = row + 1;
+  const int64_t target = slot.pool_row * head_dim;
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
+    key_pool[target + e] = k[slot.source + e];
+    value_pool[target + e] = v[slot.source + e];
+  }
+  if (threadIdx.x == 0) lengths[blockIdx.x] = slot.row + 1;
 }
 
 // One page of one cache per block: rows [page * kBlockN, +kBlockN) of cache blockIdx.y that are
