@@ -32,7 +32,7 @@ using testing::random_vector;
 // combinations of values, so this is the scale float rounding works at.
 constexpr double kTolerance = 2e-5;
 
-struct Case {
+struct AttentionCase {
   int64_t group = 1;
   int64_t head_dim = 64;
   int64_t tokens = 1;
@@ -54,7 +54,7 @@ struct Inputs {
   std::vector<float> q, keys, values;
 };
 
-Inputs random_inputs(const Case& c, uint32_t seed) {
+Inputs random_inputs(const AttentionCase& c, uint32_t seed) {
   Inputs in;
   cpu::AttentionShape& s = in.shape;
   s.tokens = c.tokens;
@@ -143,11 +143,12 @@ double relative_error(const std::vector<float>& out, const std::vector<double>& 
 }
 
 // Runs every case, checks each against the tolerance and prints the worst error seen.
-void expect_cases_match_reference(const std::vector<Case>& cases, const std::string& name) {
+void expect_cases_match_reference(const std::vector<AttentionCase>& cases,
+                                  const std::string& name) {
   double worst = 0.0;
   std::string worst_case;
   uint32_t seed = 100;
-  for (const Case& c : cases) {
+  for (const AttentionCase& c : cases) {
     const Inputs in = random_inputs(c, seed += 3);
     const double error = relative_error(run_attention(in), reference_attention(in));
     EXPECT_LE(error, kTolerance) << c.describe();
@@ -162,7 +163,7 @@ void expect_cases_match_reference(const std::vector<Case>& cases, const std::str
 }
 
 TEST(CausalAttention, MatchesDoubleReferenceOverGroupsHeadSizesChunksAndWindows) {
-  std::vector<Case> cases;
+  std::vector<AttentionCase> cases;
   for (int64_t group : {1, 3, 4}) {
     for (int64_t head_dim : {64, 128, 40, 37}) {
       for (int64_t tokens : {1, 7, 300}) {
@@ -179,7 +180,7 @@ TEST(CausalAttention, MatchesDoubleReferenceOverGroupsHeadSizesChunksAndWindows)
 
 TEST(CausalAttention, LongDecodesAndShortChunksSplitTheirKeysAndStillMatch) {
   // Few tiles over thousands of keys: the keys are attended in parts and the parts combined.
-  const std::vector<Case> cases = {
+  const std::vector<AttentionCase> cases = {
       {3, 64, 1, 5000, 0},    {4, 128, 1, 5000, 3000}, {3, 64, 7, 5000, 0},
       {1, 40, 7, 5000, 1500}, {3, 64, 7, 5000, 100},   {8, 64, 1, 4000, 0, 1},
       {1, 37, 2, 3000, 0, 1},
@@ -189,8 +190,9 @@ TEST(CausalAttention, LongDecodesAndShortChunksSplitTheirKeysAndStillMatch) {
 
 TEST(CausalAttention, OneThreadGivesTheSameBitsAsAll) {
   const int threads = omp_get_max_threads();
-  for (const Case& c :
-       {Case{3, 64, 300, 517, 0}, Case{4, 40, 1, 5000, 0}, Case{1, 128, 7, 600, 100}}) {
+  for (const AttentionCase& c :
+       {AttentionCase{3, 64, 300, 517, 0}, AttentionCase{4, 40, 1, 5000, 0},
+        AttentionCase{1, 128, 7, 600, 100}}) {
     const Inputs in = random_inputs(c, 7);
     omp_set_num_threads(1);
     const std::vector<float> one = run_attention(in);
@@ -205,7 +207,8 @@ TEST(BlockSparseAttentionTiles, SegmentsOfManyTilesMatchDoubleReference) {
   // Segments of 256 tokens hold several tiles (the last segment a short one, ending inside a
   // tile); sparse segments read random blocks before them, dense ones everything.
   double worst = 0.0;
-  for (const Case& c : {Case{3, 64, 700}, Case{4, 40, 600}, Case{1, 37, 333, 0, 0, 1}}) {
+  for (const AttentionCase& c :
+       {AttentionCase{3, 64, 700}, AttentionCase{4, 40, 600}, AttentionCase{1, 37, 333, 0, 0, 1}}) {
     const Inputs in = random_inputs(c, 41);
     LayerPrefillPlan plan;
     plan.dense = false;

@@ -114,16 +114,6 @@ std::vector<std::vector<double>> naive_candidate_scores(const Cache& c, const De
   return result;
 }
 
-std::vector<int32_t> naive_top(const std::vector<double>& scores, int64_t keep) {
-  std::vector<int32_t> order(scores.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
-  order.resize(keep);
-  std::sort(order.begin(), order.end());
-  return order;
-}
-
 std::vector<int32_t> with_window(std::vector<int32_t> kept, int64_t from, int64_t length) {
   for (int64_t j = from; j < length; ++j) kept.push_back(static_cast<int32_t>(j));
   return kept;
@@ -135,12 +125,13 @@ std::vector<std::vector<int32_t>> naive_snapkv(const Cache& c, const DecodeParam
   const int64_t candidates = c.length - p.window;
   std::vector<std::vector<int32_t>> kept;
   for (const auto& scores : naive_candidate_scores(c, p, candidates)) {
-    kept.push_back(with_window(naive_top(scores, budget - p.window), candidates, c.length));
+    kept.push_back(
+        with_window(testing::naive_top(scores, budget - p.window), candidates, c.length));
   }
   return kept;
 }
 
-DecodeParams small_params() {
+DecodeParams small_decode_params() {
   DecodeParams p;
   p.budget = 40;
   p.window = 8;
@@ -216,7 +207,7 @@ TEST(DecodePolicies, SnapKVSelectionMatchesNaive) {
   for (Pooling pooling : {Pooling::kAvg, Pooling::kMax, Pooling::kNone}) {
     for (GroupAggregation aggregation : {GroupAggregation::kMean, GroupAggregation::kMax}) {
       for (bool per_query_head : {false, true}) {
-        DecodeParams p = small_params();
+        DecodeParams p = small_decode_params();
         p.pooling = pooling;
         p.aggregation = aggregation;
         p.per_query_head = per_query_head;
@@ -238,7 +229,7 @@ TEST(DecodePolicies, SnapKVSelectionMatchesNaive) {
 }
 
 TEST(DecodePolicies, LatentDecodeSelectsLikeSnapKVAfterTheGap) {
-  DecodeParams p = small_params();
+  DecodeParams p = small_decode_params();
   // The window: last W - G prompt queries then G generated ones; the cache holds them all.
   const Cache c = random_cache(133, p.window, 8, 2, 16, 7);
   const LatentDecodePolicy latent(p);
@@ -266,7 +257,7 @@ std::vector<std::vector<int32_t>> naive_adakv(const std::vector<std::vector<doub
   const int64_t candidates = static_cast<int64_t>(scores[0].size());
   std::vector<std::set<int32_t>> chosen(heads);
   for (int h = 0; h < heads; ++h) {
-    for (int32_t j : naive_top(scores[h], floor_count)) chosen[h].insert(j);
+    for (int32_t j : testing::naive_top(scores[h], floor_count)) chosen[h].insert(j);
   }
   struct Entry {
     double score;
@@ -292,7 +283,7 @@ TEST(DecodePolicies, AdaKVSelectionMatchesNaive) {
   int seed = 200;
   for (double floor : {0.0, 0.2, 0.5, 1.0}) {
     for (bool per_query_head : {false, true}) {
-      DecodeParams p = small_params();
+      DecodeParams p = small_decode_params();
       p.adakv_floor = floor;
       p.per_query_head = per_query_head;
       const Cache c = random_cache(160, p.window, 4, 2, 16, seed++);
@@ -342,7 +333,7 @@ TEST(DecodePolicies, AdaKVMovesBudgetToTheHeadThatSpreadsItsAttention) {
 // -----------------------------------------------------------------------------------
 
 TEST(DecodePolicies, StreamingLLMKeepsSinksAndRecentEntries) {
-  DecodeParams p = small_params();
+  DecodeParams p = small_decode_params();
   p.sink_tokens = 4;
   DecodeInputs inputs;  // no queries, no keys needed
   inputs.cache_length = 100;
@@ -405,7 +396,7 @@ TEST(DecodePolicies, PyramidBudgetsDecreaseLinearlyAndAverageTheBudget) {
 }
 
 TEST(DecodePolicies, PyramidKVSelectionMatchesNaive) {
-  DecodeParams p = small_params();
+  DecodeParams p = small_decode_params();
   p.pyramid_beta = 4.0;
   const Cache c = random_cache(120, p.window, 4, 2, 8, 333);
   for (int layer = 0; layer < 4; ++layer) {
@@ -424,7 +415,7 @@ TEST(DecodePolicies, PyramidKVSelectionMatchesNaive) {
 // -------------------------------------------------------------------------------------
 
 TEST(DecodePolicies, NothingIsCompressedWhileTheCacheFitsTheBudget) {
-  DecodeParams p = small_params();
+  DecodeParams p = small_decode_params();
   for (int64_t length : {int64_t{10}, int64_t{39}, int64_t{40}}) {
     const Cache c = random_cache(length, p.window, 4, 2, 8, 5);
     EXPECT_TRUE(SnapKVPolicy(p).plan(c.inputs()).kept.empty()) << length;
@@ -593,7 +584,7 @@ TEST(DecodePolicies, CompressedDecodeOverAFullCacheEqualsDenseDecode) {
 }
 
 TEST(DecodePolicies, BadInputsAreErrors) {
-  DecodeParams p = small_params();
+  DecodeParams p = small_decode_params();
   Cache c = random_cache(100, p.window, 3, 2, 8, 1);
   EXPECT_THROW(SnapKVPolicy(p).plan(c.inputs()), Error);  // 3 query heads over 2 KV heads
   Cache no_queries = random_cache(100, p.window, 4, 2, 8, 1);

@@ -158,16 +158,6 @@ std::vector<int64_t> naive_visible(int64_t start, int64_t tokens, int b) {
   return blocks;
 }
 
-std::vector<int32_t> naive_top(const std::vector<double>& scores, int64_t keep) {
-  std::vector<int32_t> order(scores.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
-  order.resize(static_cast<size_t>(std::min<int64_t>(keep, static_cast<int64_t>(scores.size()))));
-  std::sort(order.begin(), order.end());
-  return order;
-}
-
 struct NaivePlan {
   bool dense = true;
   std::vector<double> entropy;             // [kv][seg]
@@ -225,7 +215,7 @@ NaivePlan naive_plan(const Prompt& p, const PrefillParams& pp, bool entropy_rule
     for (int64_t s = 0; s < segments; ++s) {
       if (!plan.sparse[s]) continue;
       const int64_t blocks = static_cast<int64_t>(std::floor(plan.budget[h * segments + s] / b));
-      plan.rows[h * segments + s] = naive_top(scores[h * segments + s], blocks);
+      plan.rows[h * segments + s] = testing::naive_top(scores[h * segments + s], blocks);
     }
   }
   return plan;
@@ -237,7 +227,7 @@ std::vector<int32_t> plan_row(const LayerPrefillPlan& plan, int kv_head, int seg
                               plan.block_indices.begin() + plan.row_offsets[row + 1]);
 }
 
-PrefillParams small_params() {
+PrefillParams small_prefill_params() {
   PrefillParams pp;
   pp.segment_size = 32;
   pp.block_size = 4;
@@ -487,7 +477,7 @@ TEST(EntropyPrefill, PlanMatchesNaiveReference) {
   for (int64_t tokens : {100, 161, 256}) {
     for (auto [q_heads, kv_heads] : {std::pair{2, 2}, {4, 2}, {6, 3}}) {
       for (bool share : {false, true}) {
-        PrefillParams pp = small_params();
+        PrefillParams pp = small_prefill_params();
         pp.delta = 0.0;  // budgets then follow every entropy increase, so heads differ
         pp.share_segment_budget = share;
         const Prompt p = random_prompt(tokens, q_heads, kv_heads, 8, 100 + case_index++, 1.5f);
@@ -501,7 +491,7 @@ TEST(EntropyPrefill, PlanMatchesNaiveReference) {
 }
 
 TEST(EntropyPrefill, PlanMatchesNaiveWithReleasedDefaultsScaledDown) {
-  PrefillParams pp = small_params();  // delta 0.4, alpha 0.5, cap 3, as released
+  PrefillParams pp = small_prefill_params();  // delta 0.4, alpha 0.5, cap 3, as released
   pp.sparse_threshold = 64;
   const Prompt p = random_prompt(300, 4, 2, 8, 77, 2.0f);
   expect_plan_matches_naive(p, pp, true, 3, "defaults");
@@ -515,7 +505,7 @@ TEST(EntropyPrefill, PlanMatchesNaiveAcrossTheWholeBudgetRange) {
   int case_index = 0;
   for (const double alpha : {4.0, 8.0}) {
     for (const int cap_factor : {3, 6}) {
-      PrefillParams pp = small_params();
+      PrefillParams pp = small_prefill_params();
       pp.delta = 0.0;
       pp.alpha = alpha;
       pp.budget_cap_factor = cap_factor;
@@ -536,7 +526,7 @@ TEST(EntropyPrefill, PlanMatchesNaiveAcrossTheWholeBudgetRange) {
 
 TEST(EntropyPrefill, CritiPrefillPlanMatchesNaiveReference) {
   for (int budget : {4, 12, 40}) {
-    PrefillParams pp = small_params();
+    PrefillParams pp = small_prefill_params();
     pp.critiprefill_budget = budget;
     pp.block_size = 4;
     const Prompt p = random_prompt(200, 4, 2, 8, 300 + budget);
@@ -548,7 +538,7 @@ TEST(EntropyPrefill, CritiPrefillPlanMatchesNaiveReference) {
 }
 
 TEST(EntropyPrefill, DenseLayersAndPromptsWithoutSparseSegmentsGiveDensePlans) {
-  const PrefillParams pp = small_params();  // dense_layers 1, threshold 32, S 32
+  const PrefillParams pp = small_prefill_params();  // dense_layers 1, threshold 32, S 32
   const Prompt p = random_prompt(200, 2, 1, 4, 9);
   EXPECT_TRUE(EntropyPrefillPolicy(pp).plan(p.inputs(0)).dense);
   EXPECT_FALSE(EntropyPrefillPolicy(pp).plan(p.inputs(1)).dense);
@@ -615,7 +605,7 @@ TEST(EntropyPrefill, NoBlockAtOrAfterTheSegmentStartIsEverSelected) {
 
 TEST(EntropyPrefill, BudgetsCoveringTheContextSelectEveryEarlierBlock) {
   const Prompt p = random_prompt(230, 4, 2, 8, 41);
-  PrefillParams pp = small_params();
+  PrefillParams pp = small_prefill_params();
   pp.base_budget = 256;
   pp.critiprefill_budget = 256;
   pp.sparse_threshold = 0;
@@ -654,7 +644,7 @@ Prompt rigid_and_dynamic_prompt() {
 }
 
 TEST(EntropyPrefill, ConstructedHeadsAreClassifiedRigidAndDynamic) {
-  PrefillParams pp = small_params();  // released delta/alpha/cap; base 16 tokens = 4 blocks
+  PrefillParams pp = small_prefill_params();  // released delta/alpha/cap; base 16 tokens = 4 blocks
   const Prompt p = rigid_and_dynamic_prompt();
   const LayerPrefillPlan plan = EntropyPrefillPolicy(pp).plan(p.inputs());
   ASSERT_FALSE(plan.dense);
@@ -686,7 +676,7 @@ TEST(EntropyPrefill, ConstructedHeadsAreClassifiedRigidAndDynamic) {
 }
 
 TEST(EntropyPrefill, HeadsWithDifferentEntropiesGetDifferentBudgetsUnlessShared) {
-  PrefillParams pp = small_params();
+  PrefillParams pp = small_prefill_params();
   pp.delta = 0.0;
   // Heads whose keys differ in scale have differently peaked block distributions.
   Prompt p = random_prompt(256, 8, 4, 8, 4321, 2.0f);
@@ -720,7 +710,7 @@ TEST(EntropyPrefill, HeadsWithDifferentEntropiesGetDifferentBudgetsUnlessShared)
 
 TEST(EntropyPrefill, BadHeadCountsAreAnError) {
   const Prompt p = random_prompt(100, 3, 2, 4, 1);
-  EXPECT_THROW(EntropyPrefillPolicy(small_params()).plan(p.inputs()), Error);
+  EXPECT_THROW(EntropyPrefillPolicy(small_prefill_params()).plan(p.inputs()), Error);
 }
 
 }  // namespace

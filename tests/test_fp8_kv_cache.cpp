@@ -1,5 +1,5 @@
 // The CPU executor's FP8 KV cache (EngineOptions::fp8_kv_cache) on the shipped model: it moves the
-// logits (the option is applied) by less than kBound of the largest logit, through sparse
+// logits (the option is applied) by less than kLogitBound of the largest logit, through sparse
 // prefills, a continuation span, decode steps and each compression; the batch executor applies it
 // as the single-sequence one does; and the prefill estimate plans from the keys as computed, not
 // from what the cache holds after quantization.
@@ -29,7 +29,7 @@ namespace {
 // at the needle prompt's last position and up to 0.063 over the decode steps below (0.043 with
 // full attention). E4M3 keeps 3 mantissa bits, so every cached element moves by up to 1/16 of
 // itself; the FP8 weights move this model's logits by a few percent too (test_shipped_model.cpp).
-constexpr double kBound = 0.1;
+constexpr double kLogitBound = 0.1;
 
 constexpr int kPromptTokens = 400;
 constexpr int kSteps = 12;
@@ -110,10 +110,10 @@ TEST_F(Fp8KvCacheTest, LogitsMoveWithinTheBoundThroughPrefillContinuationAndDeco
     }
     std::cout << methods << ": FP8 cache moves the logits by up to " << worst
               << " of the largest\n";
-    EXPECT_LE(worst, kBound);
+    EXPECT_LE(worst, kLogitBound);
     worst_overall = std::max(worst_overall, worst);
   }
-  EXPECT_GT(worst_overall, kBound / 10) << "the bound should be near what is measured";
+  EXPECT_GT(worst_overall, kLogitBound / 10) << "the bound should be near what is measured";
 }
 
 // A decoded token's rows enter the cache as a span's do: the prompt's last token decoded after the

@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
@@ -19,6 +22,18 @@ inline std::string fixtures_dir() { return ENTROPYINFER_FIXTURES_DIR; }
 inline std::string cli_path() { return ENTROPYINFER_CLI_PATH; }
 
 inline std::string asset_path(const std::string& relative) { return assets_dir() + "/" + relative; }
+
+// The indices of the `keep` largest scores (all of them when fewer), ties to the lower index, in
+// ascending order: the selection rule the policies' own top-k is checked against.
+inline std::vector<int32_t> naive_top(const std::vector<double>& scores, int64_t keep) {
+  std::vector<int32_t> order(scores.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+  order.resize(static_cast<size_t>(std::min<int64_t>(keep, static_cast<int64_t>(scores.size()))));
+  std::sort(order.begin(), order.end());
+  return order;
+}
 
 inline std::string read_file_bytes(const std::string& path) {
   std::ifstream stream(path, std::ios::binary);
