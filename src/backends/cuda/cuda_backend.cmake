@@ -19,7 +19,8 @@ set(CMAKE_CUDA_EXTENSIONS OFF)
 file(GLOB ENTROPYINFER_CUDA_SOURCES CONFIGURE_DEPENDS src/backends/cuda/*.cu src/engine/cuda/*.cu)
 add_library(entropyinfer_cuda STATIC ${ENTROPYINFER_CUDA_SOURCES})
 target_include_directories(entropyinfer_cuda PUBLIC src)
-target_link_libraries(entropyinfer_cuda PUBLIC entropyinfer_core CUDA::cudart CUDA::cublasLt)
+# cuBLASLt is opened at run time (cublaslt_library.cu), not linked: its headers come with cudart's.
+target_link_libraries(entropyinfer_cuda PUBLIC entropyinfer_core CUDA::cudart ${CMAKE_DL_LIBS})
 # The directory-wide options are host-compiler flags (the sanitizers' among them) that nvcc would
 # reject; this target gets its own, with the sanitizers passed through to the host compiler.
 set_property(TARGET entropyinfer_cuda PROPERTY COMPILE_OPTIONS "")
