@@ -13,7 +13,7 @@ namespace entropyinfer::cuda {
 
 void check_blas(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
-  throw Error(std::string(what) + " failed: " + lt::GetStatusString(status));
+  throw Error(std::string(what) + " failed: " + lt::api().GetStatusString(status));
 }
 
 namespace {
@@ -649,22 +649,22 @@ struct Blas::Plan {
   int chosen = 0;           // index in the heuristic's list of the algorithm that runs
   size_t output_bytes = 0;  // of the whole output, its row stride included
   ~Plan() {
-    if (output_layout) lt::MatrixLayoutDestroy(output_layout);
-    if (input_layout) lt::MatrixLayoutDestroy(input_layout);
-    if (weight_layout) lt::MatrixLayoutDestroy(weight_layout);
-    if (operation) lt::MatmulDescDestroy(operation);
+    if (output_layout) lt::api().MatrixLayoutDestroy(output_layout);
+    if (input_layout) lt::api().MatrixLayoutDestroy(input_layout);
+    if (weight_layout) lt::api().MatrixLayoutDestroy(weight_layout);
+    if (operation) lt::api().MatmulDescDestroy(operation);
   }
 };
 
 Blas::Blas(cudaStream_t stream, size_t workspace_bytes)
     : stream_(stream), workspace_(workspace_bytes) {
-  check_blas(lt::Create(&handle_), "cublasLtCreate");
+  check_blas(lt::api().Create(&handle_), "cublasLtCreate");
 }
 
 Blas::~Blas() {
   for (auto& [key, plan] : plans_) delete plan;
   for (auto& [key, plan] : fp8_plans_) delete_fp8_plan(plan);
-  if (handle_) lt::Destroy(handle_);
+  if (handle_) lt::api().Destroy(handle_);
 }
 
 Blas::Plan& Blas::plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride, bool fp32_out,
@@ -677,37 +677,38 @@ Blas::Plan& Blas::plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_st
   auto* plan = new Plan;
   try {
     // Column-major view: y^T (out x tokens) = W (in x out, stored row-major as [out][in])^T * x^T.
-    check_blas(lt::MatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+    check_blas(lt::api().MatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                "cublasLtMatmulDescCreate");
     const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
-    check_blas(lt::MatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
-                                          sizeof(transpose)),
+    check_blas(lt::api().MatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                &transpose, sizeof(transpose)),
                "cublasLtMatmulDescSetAttribute");
-    check_blas(lt::MatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, &keep,
-                                          sizeof(keep)),
+    check_blas(lt::api().MatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, &keep,
+                                                sizeof(keep)),
                "cublasLtMatmulDescSetAttribute");
-    check_blas(lt::MatrixLayoutCreate(&plan->weight_layout, CUDA_R_16BF, in, out, in),
+    check_blas(lt::api().MatrixLayoutCreate(&plan->weight_layout, CUDA_R_16BF, in, out, in),
                "cublasLtMatrixLayoutCreate");
-    check_blas(lt::MatrixLayoutCreate(&plan->input_layout, CUDA_R_16BF, in, tokens, in),
+    check_blas(lt::api().MatrixLayoutCreate(&plan->input_layout, CUDA_R_16BF, in, tokens, in),
                "cublasLtMatrixLayoutCreate");
-    check_blas(lt::MatrixLayoutCreate(&plan->output_layout, fp32_out ? CUDA_R_32F : CUDA_R_16BF,
-                                      out, tokens, y_stride),
-               "cublasLtMatrixLayoutCreate");
+    check_blas(
+        lt::api().MatrixLayoutCreate(&plan->output_layout, fp32_out ? CUDA_R_32F : CUDA_R_16BF, out,
+                                     tokens, y_stride),
+        "cublasLtMatrixLayoutCreate");
     cublasLtMatmulPreference_t preference = nullptr;
-    check_blas(lt::MatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
+    check_blas(lt::api().MatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
     const uint64_t workspace_bytes = workspace_.bytes();
-    lt::MatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                     &workspace_bytes, sizeof(workspace_bytes));
+    lt::api().MatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace_bytes, sizeof(workspace_bytes));
     const int asked = sweep                            ? sweep_candidates
                       : tokens >= autotune_min_tokens_ ? autotune_candidates_
                                                        : 1;
     const int wanted = std::clamp(asked, 1, Plan::kMaxCandidates);
     cublasLtMatmulHeuristicResult_t results[Plan::kMaxCandidates] = {};
     int found = 0;
-    const cublasStatus_t status = lt::MatmulAlgoGetHeuristic(
+    const cublasStatus_t status = lt::api().MatmulAlgoGetHeuristic(
         handle_, plan->operation, plan->weight_layout, plan->input_layout, plan->output_layout,
         plan->output_layout, preference, wanted, results, &found);
-    lt::MatmulPreferenceDestroy(preference);
+    lt::api().MatmulPreferenceDestroy(preference);
     check_blas(status, "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0) {
       throw Error("cuBLASLt has no algorithm for a " + std::to_string(tokens) + "x" +
@@ -739,10 +740,10 @@ std::vector<float> Blas::time_plan_candidates(const Plan& plan, int count, const
   for (int candidate = 0; candidate < count; ++candidate) {
     const cublasLtMatmulAlgo_t& algorithm = plan.candidates[candidate];
     auto launch = [&] {
-      return lt::Matmul(handle_, plan.operation, &alpha, w, plan.weight_layout, x,
-                        plan.input_layout, &beta, scratch, plan.output_layout, scratch,
-                        plan.output_layout, &algorithm, workspace_.data(), workspace_.bytes(),
-                        stream_);
+      return lt::api().Matmul(handle_, plan.operation, &alpha, w, plan.weight_layout, x,
+                              plan.input_layout, &beta, scratch, plan.output_layout, scratch,
+                              plan.output_layout, &algorithm, workspace_.data(), workspace_.bytes(),
+                              stream_);
     };
     if (launch() != CUBLAS_STATUS_SUCCESS) continue;
     times[static_cast<size_t>(candidate)] =
@@ -791,10 +792,11 @@ int Blas::chosen_candidate(int64_t tokens, int64_t in, int64_t out, bool fp32_ou
 void Blas::run(Plan& plan, const bf16* x, const bf16* w, void* y, bool accumulate) {
   if (plan.candidate_count > 0) tune(plan, x, w);
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  check_blas(lt::Matmul(handle_, plan.operation, &alpha, w, plan.weight_layout, x,
-                        plan.input_layout, &beta, y, plan.output_layout, y, plan.output_layout,
-                        &plan.algorithm, workspace_.data(), workspace_.bytes(), stream_),
-             "cublasLtMatmul");
+  check_blas(
+      lt::api().Matmul(handle_, plan.operation, &alpha, w, plan.weight_layout, x, plan.input_layout,
+                       &beta, y, plan.output_layout, y, plan.output_layout, &plan.algorithm,
+                       workspace_.data(), workspace_.bytes(), stream_),
+      "cublasLtMatmul");
 }
 
 void Blas::linear(const bf16* x, int64_t tokens, int64_t in, const bf16* w, int64_t out, bf16* y,

@@ -424,10 +424,10 @@ struct Blas::Fp8Plan {
   cublasLtMatrixLayout_t weight_layout = nullptr, input_layout = nullptr, output_layout = nullptr;
   cublasLtMatmulAlgo_t algorithm{};
   ~Fp8Plan() {
-    if (output_layout) lt::MatrixLayoutDestroy(output_layout);
-    if (input_layout) lt::MatrixLayoutDestroy(input_layout);
-    if (weight_layout) lt::MatrixLayoutDestroy(weight_layout);
-    if (operation) lt::MatmulDescDestroy(operation);
+    if (output_layout) lt::api().MatrixLayoutDestroy(output_layout);
+    if (input_layout) lt::api().MatrixLayoutDestroy(input_layout);
+    if (weight_layout) lt::api().MatrixLayoutDestroy(weight_layout);
+    if (operation) lt::api().MatmulDescDestroy(operation);
   }
 };
 
@@ -448,12 +448,12 @@ Blas::Fp8Plan& Blas::fp8_plan_for(int64_t tokens, int64_t in, int64_t out, int64
     // Column-major, as the bf16 products: y^T (out x tokens) = W^T (op T of in x out) * q(x)^T.
     // FP8 operands need this "TN" form. Each output (o, t) is scaled by the weights' scale of row
     // o and the input's of row t (outer-vector scaling, cuBLASLt 12.9 and later on Hopper).
-    check_blas(lt::MatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+    check_blas(lt::api().MatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                "cublasLtMatmulDescCreate");
     const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
     const int32_t outer_vector = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     auto set = [&](cublasLtMatmulDescAttributes_t attribute, const void* value, size_t bytes) {
-      check_blas(lt::MatmulDescSetAttribute(plan->operation, attribute, value, bytes),
+      check_blas(lt::api().MatmulDescSetAttribute(plan->operation, attribute, value, bytes),
                  "cublasLtMatmulDescSetAttribute");
     };
     set(CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
@@ -466,24 +466,25 @@ Blas::Fp8Plan& Blas::fp8_plan_for(int64_t tokens, int64_t in, int64_t out, int64
     // each product sets its own before it runs.
     set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &weight_scales, sizeof(weight_scales));
     set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &input_scales, sizeof(input_scales));
-    check_blas(lt::MatrixLayoutCreate(&plan->weight_layout, CUDA_R_8F_E4M3, in, out, in),
+    check_blas(lt::api().MatrixLayoutCreate(&plan->weight_layout, CUDA_R_8F_E4M3, in, out, in),
                "cublasLtMatrixLayoutCreate");
-    check_blas(lt::MatrixLayoutCreate(&plan->input_layout, CUDA_R_8F_E4M3, in, tokens, in),
+    check_blas(lt::api().MatrixLayoutCreate(&plan->input_layout, CUDA_R_8F_E4M3, in, tokens, in),
                "cublasLtMatrixLayoutCreate");
-    check_blas(lt::MatrixLayoutCreate(&plan->output_layout, fp32_out ? CUDA_R_32F : CUDA_R_16BF,
-                                      out, tokens, y_stride),
-               "cublasLtMatrixLayoutCreate");
+    check_blas(
+        lt::api().MatrixLayoutCreate(&plan->output_layout, fp32_out ? CUDA_R_32F : CUDA_R_16BF, out,
+                                     tokens, y_stride),
+        "cublasLtMatrixLayoutCreate");
     cublasLtMatmulPreference_t preference = nullptr;
-    check_blas(lt::MatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
+    check_blas(lt::api().MatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
     const uint64_t workspace_bytes = workspace_.bytes();
-    lt::MatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                     &workspace_bytes, sizeof(workspace_bytes));
+    lt::api().MatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace_bytes, sizeof(workspace_bytes));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t status = lt::MatmulAlgoGetHeuristic(
+    const cublasStatus_t status = lt::api().MatmulAlgoGetHeuristic(
         handle_, plan->operation, plan->weight_layout, plan->input_layout, plan->output_layout,
         plan->output_layout, preference, 1, &result, &found);
-    lt::MatmulPreferenceDestroy(preference);
+    lt::api().MatmulPreferenceDestroy(preference);
     check_blas(status, "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0) {
       throw Error("cuBLASLt has no FP8 algorithm with per-row scales for a " +
@@ -567,18 +568,18 @@ void Blas::linear_fp8(const bf16* x, int64_t tokens, int64_t in, const DeviceMat
   const float* weight_scales = w.scales;
   const float* input_scales = fp8_input_scales_.data();
   Fp8Plan& plan = fp8_plan_for(tokens, in, out, y_stride, fp32_out, weight_scales, input_scales);
-  check_blas(lt::MatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                        &weight_scales, sizeof(weight_scales)),
+  check_blas(lt::api().MatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                              &weight_scales, sizeof(weight_scales)),
              "cublasLtMatmulDescSetAttribute");
-  check_blas(lt::MatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                        &input_scales, sizeof(input_scales)),
+  check_blas(lt::api().MatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                              &input_scales, sizeof(input_scales)),
              "cublasLtMatmulDescSetAttribute");
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  check_blas(
-      lt::Matmul(handle_, plan.operation, &alpha, w.codes, plan.weight_layout, fp8_inputs_.data(),
-                 plan.input_layout, &beta, y, plan.output_layout, y, plan.output_layout,
-                 &plan.algorithm, workspace_.data(), workspace_.bytes(), stream_),
-      "cublasLtMatmul (FP8)");
+  check_blas(lt::api().Matmul(handle_, plan.operation, &alpha, w.codes, plan.weight_layout,
+                              fp8_inputs_.data(), plan.input_layout, &beta, y, plan.output_layout,
+                              y, plan.output_layout, &plan.algorithm, workspace_.data(),
+                              workspace_.bytes(), stream_),
+             "cublasLtMatmul (FP8)");
 }
 
 void Blas::linear(const bf16* x, int64_t tokens, int64_t in, const DeviceMatrix& w, int64_t out,
