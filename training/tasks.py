@@ -312,8 +312,10 @@ def appearance_order(depths):
     return sorted(range(len(depths)), key=lambda i: (depths[i], i))
 
 
-def make_haystack_sample(task, lines, start, needles, questions, measure, target, noise=False):
-    """Fit the number of haystack lines; questions: list of (question text, answer words)."""
+def make_haystack_sample(task, lines, start, needles, questions, measure, target, noise=False, k_max=None):
+    """Fit the number of haystack lines; questions: list of (question text, answer words).
+    k_max: the most lines tried (default, as TASKS.md section 4: all lines of the haystack, or
+    1000000 noise lines); training passes a bound near the target (see training_max_lines)."""
 
     def render(k):
         if noise:
@@ -326,7 +328,8 @@ def make_haystack_sample(task, lines, start, needles, questions, measure, target
             segments.extend(answer_segments(words))
         return Sample(task, segments, list(questions[0][1]), 1)
 
-    k_max = 1_000_000 if noise else len(lines)
+    if k_max is None:
+        k_max = 1_000_000 if noise else len(lines)
     k = fit(render, measure, target, 0, k_max, max(1, target // 16))
     return render(k)
 
@@ -494,6 +497,17 @@ TRAIN_MIX = TRAIN_MIXES["all"]
 NOISE_HAYSTACK_PERCENT = 15
 
 
+def training_max_lines(length, lines, noise):
+    """The most haystack lines a training sample of `length` tokens tries: 2 * length (at most
+    every line of the haystack). A line of either haystack holds at least one token unless it is
+    blank, and no 64 consecutive training lines are half blank, so 2 * length lines are always
+    too many and the fit still finds the largest k. The evaluation's bound (every line, or 10^6
+    noise lines) made fit() fall back to bisecting from half the corpus when its secant steps
+    crept up from below (1 to 2 samples in 10^4 at 256 and 1024 tokens): one 256-token sample
+    then tokenized about 3 million tokens, seconds of a worker, which stalled round 6's queue."""
+    return min(1_000_000 if noise else len(lines), 2 * length)
+
+
 def pick_family(rng, length, mix="all"):
     families = [(name, weight) for name, weight, shortest in TRAIN_MIXES[mix] if length >= shortest]
     roll = rng.below(sum(w for _, w in families))
@@ -524,6 +538,7 @@ def _training_sample(rng, family, length, res, measure, shrink):
     noise = rng.below(100) < NOISE_HAYSTACK_PERCENT
     start = rng.below(len(res.lines))
     lines = res.lines
+    max_lines = training_max_lines(length, lines, noise)
     if family == "niah_match":
         # 2..length // 32 needles (at most 16), 1..n // 3 of them asked (at most 3).
         n_max = max(2, min(16, length // 32) >> shrink)
@@ -535,7 +550,8 @@ def _training_sample(rng, family, length, res, measure, shrink):
         asked = rng.sample(range(n), q)
         needles = [(depths[i], NEEDLE.format(key=keys[i], value=values[i])) for i in range(n)]
         questions = [(QUESTION_ONE.format(key=keys[i]), [values[i]]) for i in asked]
-        return make_haystack_sample("niah_match", lines, start, needles, questions, full_measure, length, noise)
+        return make_haystack_sample("niah_match", lines, start, needles, questions, full_measure, length, noise,
+                                    k_max=max_lines)
     if family in ("niah", "niah_all", "niah_few", "niah_one"):
         n_max = max(1, min(16, length // 32) >> shrink)
         # niah_all: as many needles as fit (8 at 256 tokens); niah_few: 1 to 4; both all asked
@@ -555,7 +571,8 @@ def _training_sample(rng, family, length, res, measure, shrink):
         asked = rng.sample(range(n), q)
         needles = [(depths[i], NEEDLE.format(key=keys[i], value=values[i])) for i in range(n)]
         questions = [(QUESTION_ONE.format(key=keys[i]), [values[i]]) for i in asked]
-        return make_haystack_sample("niah", lines, start, needles, questions, full_measure, length, noise)
+        return make_haystack_sample("niah", lines, start, needles, questions, full_measure, length, noise,
+                                    k_max=max_lines)
     if family == "multivalue":
         m = 2 + rng.below(3)
         distractors = rng.below(4) >> shrink
@@ -566,7 +583,8 @@ def _training_sample(rng, family, length, res, measure, shrink):
         needles += [(depths[m + j], NEEDLE.format(key=keys[1 + j], value=values[m + j])) for j in range(distractors)]
         answer = [values[i] for i in appearance_order(depths[:m])]
         questions = [(QUESTION_ALL_VALUES.format(key=keys[0]), answer)]
-        return make_haystack_sample("niah_multivalue", lines, start, needles, questions, full_measure, length, noise)
+        return make_haystack_sample("niah_multivalue", lines, start, needles, questions, full_measure, length, noise,
+                                    k_max=max_lines)
     if family == "multiquery":
         m = 2 + rng.below(3)
         n = m + (rng.below(5) >> shrink)
@@ -577,7 +595,8 @@ def _training_sample(rng, family, length, res, measure, shrink):
         needles = [(depths[i], NEEDLE.format(key=keys[i], value=values[i])) for i in range(n)]
         question = QUESTION_MANY_KEYS.format(keys=key_list([keys[i] for i in asked]))
         questions = [(question, [values[i] for i in asked])]
-        return make_haystack_sample("niah_multiquery", lines, start, needles, questions, full_measure, length, noise)
+        return make_haystack_sample("niah_multiquery", lines, start, needles, questions, full_measure, length, noise,
+                                    k_max=max_lines)
     if family == "vt":
         chains = 1 + (rng.below(2) >> shrink)
         hops = 1 + rng.below(4)
@@ -589,7 +608,8 @@ def _training_sample(rng, family, length, res, measure, shrink):
             needles += vt_statements(names[c * (hops + 1) : (c + 1) * (hops + 1)], numbers[c], depths)
         questions = [(QUESTION_VT.format(number=numbers[0]), names[: hops + 1])]
         use_noise = rng.below(2) == 0
-        return make_haystack_sample("vt", lines, start, needles, questions, full_measure, length, use_noise)
+        return make_haystack_sample("vt", lines, start, needles, questions, full_measure, length, use_noise,
+                                    k_max=training_max_lines(length, lines, use_noise))
     if family in ("cwe", "fwe"):
         return make_list_sample(family, res.list_words, rng.next_u64(), full_measure, length)
     raise ValueError(family)
@@ -757,6 +777,21 @@ def self_test(text_dir, ruler_dir):
                 check(2 + approx_tokens(sample.full_text()) <= length, f"{mix} training sample over {length}")
                 verify_sample(Sample(sample.task, sample.segments, sample.answers, 1))
     print(f"  training mixtures {', '.join(TRAIN_MIXES)}: ok")
+    # A training fit renders at most training_max_lines(length) haystack lines. A measure that never
+    # reaches the target drives fit() to its bound: before round 7 that was the whole corpus (or 10^6
+    # noise lines), which is what stalled round 6's data queue when the secant steps crept up.
+    for length in (256, 1024):
+        for mix in ("match", "all"):
+            most_lines = [0]
+
+            def flat_measure(text):
+                most_lines[0] = max(most_lines[0], text.count("\n") + 1)
+                return 10
+
+            for _ in range(10):
+                training_sample(rng, length, train_res, flat_measure, mix)
+            check(most_lines[0] <= 2 * length + 32, f"{mix} at {length}: fit rendered {most_lines[0]} lines")
+    print("  training fits bounded by training_max_lines: ok")
     check(score(" apple, pear and plum.", ["apple", "plum"]) == 1.0, "score")
     check(score(" pineapple", ["apple"]) == 0.0, "score must match whole words")
     print(f"self-test passed in {time.time() - start_time:.1f} s")

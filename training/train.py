@@ -30,6 +30,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import queue
 import shutil
 import struct
 import sys
@@ -498,6 +499,17 @@ def worker_init():
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
+def eval_worker_init():
+    """The evaluation pool prepares its 600 prompts (most at 8k-32k tokens) while training runs;
+    at a lower priority it cannot take CPU time from the training workers (12 + 3 workers and
+    the main process share the GPU machine's 16 cores). Its prompts are needed only at the end."""
+    worker_init()
+    try:
+        os.nice(10)
+    except OSError:
+        pass
+
+
 def _worker_state(spec):
     key = json.dumps(spec, sort_keys=True)
     if _WORKER.get("key") != key:
@@ -533,19 +545,25 @@ def make_batch(spec, length, batch, seed, mix="all"):
     """`batch` training sequences of exactly `length` tokens: BOS, the sample, EOS, then padding
     (ignored by the loss). kinds: 0 ignore, 1 text, 3 answer form (tasks.py), and
     ANSWER_WORD_BASE + family index for answer words."""
+    started = time.perf_counter()
     state = _worker_state(spec)
     res = _resources(state, spec, "train")
     tokenizer = state["tokenizer"]
+    probe = [0]  # the most tokens one measure() call saw: far above `length` means a costly fit
 
     def measure(text):
-        return 2 + len(encode(tokenizer, text))
+        tokens = 2 + len(encode(tokenizer, text))
+        probe[0] = max(probe[0], tokens)
+        return tokens
 
     rng = tasks.Rng(seed)
     ids = np.full((batch, length), state["eos"], dtype=np.int32)
     kinds = np.zeros((batch, length), dtype=np.int8)
-    stats = {"mismatch": 0, "overflow": 0, "families": {}}
+    stats = {"mismatch": 0, "overflow": 0, "families": {}, "sample_seconds_max": 0.0}
     for b in range(batch):
+        sample_start = time.perf_counter()
         sample = tasks.training_sample(rng, length, res, measure, mix)
+        stats["sample_seconds_max"] = max(stats["sample_seconds_max"], time.perf_counter() - sample_start)
         row, row_kinds = [state["bos"]], [0]
         answer_kind = ANSWER_WORD_BASE + FAMILIES.index(sample.task)
         for text, kind in sample.segments:
@@ -562,6 +580,8 @@ def make_batch(spec, length, batch, seed, mix="all"):
         ids[b, : len(row)] = row
         kinds[b, : len(row)] = row_kinds
         stats["families"][sample.task] = stats["families"].get(sample.task, 0) + 1
+    # Measured in the worker, so the log can tell slow batches from a slow queue.
+    stats.update(seconds=time.perf_counter() - started, probe_tokens_max=probe[0])
     return ids, kinds, stats
 
 
@@ -592,20 +612,39 @@ def make_eval_sample(spec, task, length, index, part, base_seed):
 
 
 class BatchQueue:
-    """Batches requested ahead from the worker pool, oldest first."""
+    """Batches requested ahead from the worker pool (`depth` in flight), handed out in the order
+    they finish. Round 6 took the oldest first: one slow batch then held up training although the
+    batches behind it were done. Every batch has its own seed, so the order does not matter."""
 
     def __init__(self, pool, spec, depth, seed):
         self.pool, self.spec, self.depth, self.seed = pool, spec, depth, seed
-        self.pending = collections.deque()
+        self.in_flight = 0
+        self.done = queue.Queue()  # filled by the pool's result thread through the callbacks
 
     def fill(self, length, batch, mix="all"):
-        while len(self.pending) < self.depth:
+        while self.in_flight < self.depth:
             self.seed += 1
-            job = self.pool.apply_async(make_batch, (self.spec, length, batch, self.seed, mix))
-            self.pending.append(job)
+            self.pool.apply_async(make_batch, (self.spec, length, batch, self.seed, mix),
+                                  callback=self.done.put, error_callback=lambda error: self.done.put(_Failed(error)))
+            self.in_flight += 1
 
     def get(self, timeout):
-        return self.pending.popleft().get(timeout=timeout)
+        """(ids, kinds, stats, waited): the first finished batch; `waited` is False when one was
+        already there. Raises a worker's exception, or queue.Empty after `timeout` seconds."""
+        try:
+            item, waited = self.done.get_nowait(), False
+        except queue.Empty:
+            item, waited = self.done.get(timeout=timeout), True
+        self.in_flight -= 1
+        if isinstance(item, _Failed):
+            raise item.error
+        ids, kinds, stats = item
+        return ids, kinds, stats, waited
+
+
+class _Failed:
+    def __init__(self, error):
+        self.error = error
 
 
 # ----------------------------------------------------------------------------------------------
@@ -728,7 +767,7 @@ def save_checkpoint(model, model_dir, out, ids, dtype_name, state, part_mib):
     write_bundle(model_dir, out, part_mib)
 
 
-def train(model, args, schedule, state, queue, model_dir, out, token_ids, dtype_name, autocast, train_deadline):
+def train(model, args, schedule, state, batches, model_dir, out, token_ids, dtype_name, autocast, train_deadline):
     """Runs the schedule from state['schedule_elapsed'] until it ends or the deadline comes."""
     device = args.device
     stages = schedule["stages"]
@@ -750,6 +789,7 @@ def train(model, args, schedule, state, queue, model_dir, out, token_ids, dtype_
     current_length = None
     current_stage, stage_accuracy, stage_start_step = None, None, 0
     mismatches = 0
+    wait_total = 0.0
     summary = {"stages": {}}
     while True:
         now = time.time()
@@ -763,13 +803,21 @@ def train(model, args, schedule, state, queue, model_dir, out, token_ids, dtype_
                 log(f"leaving the {current_stage['length']}-token {current_stage.get('mix')} stage at schedule {100 * fraction:.0f}% "
                     f"(answer accuracy {stage_accuracy}, gate {current_stage['gate']})")
             current_stage, stage_accuracy, stage_start_step = stage, None, state["schedule_step"]
-        queue.fill(stage["length"], stage["batch"], stage.get("mix", "all"))
+        batches.fill(stage["length"], stage["batch"], stage.get("mix", "all"))
         wait_start = time.time()
-        ids_np, kinds_np, stats = queue.get(timeout=max(10.0, train_deadline - wait_start))
-        window["wait"] += time.time() - wait_start
+        ids_np, kinds_np, stats, waited = batches.get(timeout=max(10.0, train_deadline - wait_start))
+        waited_seconds = time.time() - wait_start
+        window["wait"] += waited_seconds
+        window["waits"] += waited
+        window["wait_max"] = max(window["wait_max"], waited_seconds)
+        window["make_max"] = max(window["make_max"], stats["seconds"])
+        window["sample_max"] = max(window["sample_max"], stats["sample_seconds_max"])
+        window["probe_max"] = max(window["probe_max"], stats["probe_tokens_max"])
         mismatches += stats["mismatch"]
+        wait_total += waited_seconds
         length = ids_np.shape[1]
-        if length != current_length:
+        # Batches arrive as they finish, so the previous stage's last ones may come a little late.
+        if length != current_length and length == stage["length"]:
             log(f"stage: sequences of {length} tokens, batch {ids_np.shape[0]} (schedule {100 * fraction:.0f}%)")
             current_length = length
         ids = torch.from_numpy(ids_np.astype(np.int64)).to(device, non_blocking=True)
@@ -807,17 +855,25 @@ def train(model, args, schedule, state, queue, model_dir, out, token_ids, dtype_
                 "answer_accuracy": correct_sum / max(1.0, answer_count),
                 "tokens_per_second": window["tokens"] / span,
                 "family_accuracy": {f: (c / n if n else None) for f, c, n in zip(FAMILIES, family_correct, family_count)},
+                "data_wait": window["wait"] / span,
+                "data_waits": int(window["waits"]),
+                "data_wait_max_seconds": window["wait_max"],
+                "batch_seconds_max": window["make_max"],
+                "sample_seconds_max": window["sample_max"],
+                "probe_tokens_max": int(window["probe_max"]),
             }
             by_family = " ".join(f"{short} {c / n:.2f}" for short, c, n in zip(FAMILY_SHORT, family_correct, family_count) if n)
             summary["stages"][str(length)] = record
             # Only windows of this stage's own batches (the queue still held the previous stage's).
-            if answer_count >= 50 and state["schedule_step"] - stage_start_step >= window["steps"] + queue.depth:
+            if answer_count >= 50 and state["schedule_step"] - stage_start_step >= window["steps"] + batches.depth:
                 stage_accuracy = record["answer_accuracy"]
             log(
                 f"step {state['total_steps']:6d} | len {length:5d} x{ids_np.shape[0]:<3d} | lr {lr:.2e} | "
                 f"lm {record['lm_loss']:.3f} | ans {record['answer_loss']:.3f} | acc {record['answer_accuracy']:.3f} "
                 f"({int(answer_count)}: {by_family}) | {record['tokens_per_second'] / 1e6:.2f}M tok/s | "
-                f"data wait {100 * window['wait'] / span:.0f}% | schedule {100 * fraction:.0f}%"
+                f"data wait {100 * window['wait'] / span:.0f}% ({int(window['waits'])} waits, longest "
+                f"{window['wait_max']:.2f} s; batch max {window['make_max']:.2f} s, sample max {window['sample_max']:.3f} s, "
+                f"probe max {int(window['probe_max'])} tok) | schedule {100 * fraction:.0f}%"
             )
             window.clear()
             window_gpu = None
@@ -826,13 +882,14 @@ def train(model, args, schedule, state, queue, model_dir, out, token_ids, dtype_
             state["schedule_elapsed"] = elapsed_before + (now - start)
             state["total_train_seconds"] = state["train_seconds_before_call"] + (now - start)
             save_checkpoint(model, model_dir, out, token_ids, dtype_name, state, args.bundle_part_mib)
-            log(f"checkpoint at step {state['total_steps']}")
             last_checkpoint = time.time()
+            log(f"checkpoint at step {state['total_steps']} ({last_checkpoint - now:.2f} s)")
     end = time.time()
     state["schedule_elapsed"] = elapsed_before + (end - start)
     state["total_train_seconds"] = state["train_seconds_before_call"] + (end - start)
     state["finished"] = state["schedule_elapsed"] >= schedule["seconds"] - 1e-6 or end >= train_deadline
-    summary.update(steps_in_call=steps_in_call, seconds_in_call=end - start, tokenization_mismatches=mismatches)
+    summary.update(steps_in_call=steps_in_call, seconds_in_call=end - start, tokenization_mismatches=mismatches,
+                   data_wait_seconds=wait_total)
     return summary
 
 
@@ -1066,7 +1123,7 @@ def main():
     # Workers first: forked before CUDA and before the tokenizer trainer's threads exist.
     context = mp.get_context("fork")
     pool = context.Pool(args.workers, initializer=worker_init)
-    eval_pool = context.Pool(args.eval_workers, initializer=worker_init)
+    eval_pool = context.Pool(args.eval_workers, initializer=eval_worker_init)
     try:
         run(args, out, work, out_model, text_dir, ruler_dir, pool, eval_pool)
     finally:
@@ -1195,9 +1252,9 @@ def run(args, out, work, out_model, text_dir, ruler_dir, pool, eval_pool):
         train_start = time.time()
         train_deadline = min(train_start + args.train_seconds,
                              SCRIPT_START + args.deadline_seconds - args.eval_reserve_seconds)
-        queue = BatchQueue(pool, spec, depth=2 * args.workers, seed=args.seed * 1_000_003 + state["total_steps"])
+        batches = BatchQueue(pool, spec, depth=2 * args.workers, seed=args.seed * 1_000_003 + state["total_steps"])
         try:
-            train_summary = train(model, args, schedule, state, queue, out_model, out, token_ids, dtype_name, autocast,
+            train_summary = train(model, args, schedule, state, batches, out_model, out, token_ids, dtype_name, autocast,
                                   train_deadline)
         except Exception:
             log("training stopped by an error; exporting and evaluating what there is:\n" + traceback.format_exc())
