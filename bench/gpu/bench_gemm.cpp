@@ -154,16 +154,23 @@ int run_gemm_bench(int argc, char** argv) {
         matrix.activations.kind = Fp8Activations::Kind::kDynamicPerToken;
         blas.reserve_fp8_inputs(tokens, product.in);
         // The engine's own path (the GEMV at one row, the small-batch kernel at 2-8 rows where
-        // the shape allows, else cuBLASLt with fast accumulation), then for several rows cuBLASLt
-        // with fast accumulation and with fp32 promotion, for comparison.
+        // the shape allows, else cuBLASLt with per-row scales, or unscaled plus a scaling kernel
+        // up to 64 rows where separate scaling is on; all with fast accumulation), then for
+        // several rows each cuBLASLt form the engine did not take, and cuBLASLt with fp32
+        // promotion, for comparison.
         const bool small_batch =
             cuda::Blas::fp8_small_batch_applies(tokens, product.in, product.out);
-        for (const int variant : {0, 1, 2}) {
+        const bool separate =
+            !small_batch && blas.fp8_separate_scaling_applies(tokens, matrix, product.out);
+        for (const int variant : {0, 1, 2, 3}) {
           if (variant > 0 && tokens == 1) break;
-          if (variant == 1 && !small_batch) continue;  // the engine's path already is this
-          const bool fast = variant != 2;
+          if (variant == 1 && (separate || tokens > cuda::Blas::kFp8SeparateScalingMaxRows))
+            continue;  // the engine's path already is this, or it does not apply
+          if (variant == 2 && !small_batch && !separate) continue;  // the engine's path is this
+          const bool fast = variant != 3;
           blas.set_fp8_fast_accumulation(fast);
           blas.set_fp8_small_batch(variant == 0);
+          blas.set_fp8_separate_scaling(variant == 1);
           const Timing timing = time_runs(
               [&] {
                 if (product.accumulate) {
@@ -174,11 +181,13 @@ int run_gemm_bench(int argc, char** argv) {
                 }
               },
               stream);
-          const char* kernel = variant == 0 ? (tokens == 1   ? "fp8-gemv"
-                                               : small_batch ? "fp8-small-batch"
-                                                             : "fp8-cublaslt")
-                               : fast       ? "fp8-cublaslt"
-                                            : "fp8-cublaslt-precise";
+          const char* kernel = variant == 0   ? (tokens == 1   ? "fp8-gemv"
+                                                 : small_batch ? "fp8-small-batch"
+                                                 : separate    ? "fp8-cublaslt-separate-scaling"
+                                                               : "fp8-cublaslt")
+                               : variant == 1 ? "fp8-cublaslt-separate-scaling"
+                               : variant == 2 ? "fp8-cublaslt"
+                                              : "fp8-cublaslt-precise";
           const double flops = 2.0 * static_cast<double>(tokens) * product.in * product.out;
           const double tflops = flops / (timing.median_ms * 1e-3) / 1e12;
           const double weight_gbps =
@@ -208,6 +217,7 @@ int run_gemm_bench(int argc, char** argv) {
         }
         blas.set_fp8_fast_accumulation(true);
         blas.set_fp8_small_batch(true);
+        blas.set_fp8_separate_scaling(false);
       }
       if (tokens > 1) {
         // Every candidate, timed both ways: a short burst (median of 9) and sustained (the mean

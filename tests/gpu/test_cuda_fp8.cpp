@@ -143,7 +143,8 @@ TEST(CudaFp8, ProductsMatchTheCpuReference) {
   Fp8Activations static_scheme;
   static_scheme.kind = Fp8Activations::Kind::kStaticPerTensor;
   // Rows 2-8 take the small-batch kernel where the shape allows (Blas::fp8_small_batch_applies:
-  // 7x512x96, 2x4096x1024, 8x14336x512), else cuBLASLt (33x14336x512, 64x1024x208, ...).
+  // 7x512x96, 2x4096x1024, 8x14336x512), else cuBLASLt with per-row scales (33x14336x512,
+  // 64x1024x208, ...); separate scaling has a test of its own below.
   for (auto [tokens, in, out] : {std::tuple{1, 4096, 1000},
                                  {1, 28672, 64},
                                  {1, 1024, 333},
@@ -199,6 +200,63 @@ TEST(CudaFp8, ProductsMatchTheCpuReference) {
         for (size_t i = 0; i < accumulated.size(); ++i) accumulated[i] += expected[i];
         EXPECT_LE(worst_excess(download_floats(y_float), accumulated, 1e-5), bound);
       }
+    }
+  }
+}
+
+// A few rows through cuBLASLt both ways, unscaled plus the scaling kernel and with per-row scales
+// in its epilogue, into rows of a wider output (a product's share of a fused output, as the
+// engine's k and v rows): both stay within fast accumulation's bound of the CPU reference, and
+// neither writes past its columns.
+TEST(CudaFp8, SeparateScalingMatchesPerRowScalesInStridedOutputs) {
+  ENTROPYINFER_REQUIRE_GPU();
+  constexpr double kBound = 4e-2;
+  const int64_t in = 4096, out = 1024, stride = 1536, offset = 256;
+  for (const int64_t tokens : {int64_t{9}, int64_t{16}, cuda::Blas::kFp8SeparateScalingMaxRows}) {
+    const auto x = random_bf16_values(static_cast<size_t>(tokens * in), 21, 1.0f);
+    // Weight rows [offset, offset + out) of a larger matrix, as DeviceMatrix views take them.
+    const auto w = random_bf16_values(static_cast<size_t>((offset + out) * in), 22,
+                                      1.0f / std::sqrt(static_cast<float>(in)));
+    const HostFp8Matrix host = quantize_on_host(w, offset + out, in);
+    cpu::WeightMatrix reference_matrix(host.codes.data() + offset * in, TensorDtype::kF8E4M3);
+    reference_matrix.scales = host.scales.data() + offset;
+    reference_matrix.scale_count = out;
+    reference_matrix.activations = dynamic_scheme();
+    std::vector<float> expected(static_cast<size_t>(tokens * out));
+    cpu::linear(x.data(), tokens, in, reference_matrix, nullptr, out, expected.data());
+    cuda::DeviceBuffer<uint8_t> codes(host.codes.size());
+    codes.upload(host.codes.data(), host.codes.size());
+    const auto scales = upload_floats(host.scales);
+    cuda::DeviceMatrix matrix;
+    matrix.codes = codes.data() + offset * in;
+    matrix.scales = scales.data() + offset;
+    matrix.in = in;
+    matrix.activations = dynamic_scheme();
+    const auto x_gpu = upload_bf16(x);
+    for (const bool separate : {true, false}) {
+      SCOPED_TRACE(std::to_string(tokens) + " rows, " +
+                   (separate ? "unscaled + scaling kernel" : "per-row scales in cuBLASLt"));
+      cuda::Blas blas;
+      blas.set_fp8_separate_scaling(separate);
+      EXPECT_EQ(blas.fp8_separate_scaling_applies(tokens, matrix, out), separate);
+      std::vector<float> untouched(static_cast<size_t>(tokens * stride), -7.0f);
+      auto y = upload_floats(untouched);
+      blas.linear(x_gpu.data(), tokens, in, matrix, out, y.data(), /*accumulate=*/false, stride);
+      const auto got = download_floats(y);
+      std::vector<float> rows(expected.size());
+      int64_t overwritten = 0;
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t o = 0; o < stride; ++o) {
+          const float value = got[static_cast<size_t>(t * stride + o)];
+          if (o < out) {
+            rows[static_cast<size_t>(t * out + o)] = value;
+          } else {
+            overwritten += value != -7.0f;
+          }
+        }
+      }
+      EXPECT_EQ(overwritten, 0);
+      EXPECT_LE(worst_excess(rows, expected, 1e-5), kBound);
     }
   }
 }

@@ -87,6 +87,14 @@ class Blas {
   // multiple of 64, output a multiple of 16); off sends them through cuBLASLt (for comparison).
   void set_fp8_small_batch(bool enabled) { small_batch_ = enabled; }
   static bool fp8_small_batch_applies(int64_t tokens, int64_t in, int64_t out);
+  // Separate scaling (off by default): FP8 products of a few rows beyond the small-batch kernel
+  // (up to kFp8SeparateScalingMaxRows) run cuBLASLt's FP8 matmul without scales into fp32 scratch,
+  // then a kernel of their own applies the row and input scales. At these sizes cuBLASLt offers
+  // one algorithm with per-row scales and several, faster ones without
+  // (bench/results/gpu-2026-12-05-fp8-scale-modes.md). Off, they run the per-row-scale matmul.
+  void set_fp8_separate_scaling(bool enabled) { separate_scaling_ = enabled; }
+  static constexpr int64_t kFp8SeparateScalingMaxRows = 64;
+  bool fp8_separate_scaling_applies(int64_t tokens, const DeviceMatrix& w, int64_t out) const;
   // GEMV tuning (off by default): a single-token shape's first run outside graph capture times the
   // kernel's configurations (loads in flight, threads per block) and keeps the fastest; untuned
   // shapes run 8 loads in flight and 256 threads. The configurations give identical results.
@@ -137,19 +145,23 @@ class Blas {
   static void delete_fp8_plan(Fp8Plan* plan);  // where Fp8Plan is complete
   void linear_fp8(const bf16* x, int64_t tokens, int64_t in, const DeviceMatrix& w, int64_t out,
                   void* y, bool fp32_out, bool accumulate, int64_t y_stride);
+  // separate_scaling: no scales in the matmul, fp32 output of `out` rows per token (scratch).
   Fp8Plan& fp8_plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride, bool fp32_out,
-                        const float* weight_scales, const float* input_scales);
+                        bool separate_scaling, const float* weight_scales,
+                        const float* input_scales);
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool>, Fp8Plan*> fp8_plans_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, bool>, Fp8Plan*> fp8_plans_;
   bool fp8_fast_accumulation_ = true;
   DeviceBuffer<uint8_t> fp8_inputs_;
   DeviceBuffer<float> fp8_input_scales_;
+  DeviceBuffer<float> fp8_unscaled_outputs_;
   DeviceBuffer<uint8_t> workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, Plan*> plans_;
   bool gemv_ = true;
   bool small_batch_ = true;
+  bool separate_scaling_ = false;
   bool tune_gemv_ = false;
   std::map<std::tuple<int64_t, int64_t, bool, bool>, std::pair<int, int>> gemv_configurations_;
   int autotune_candidates_ = 0;

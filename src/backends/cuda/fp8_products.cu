@@ -396,6 +396,45 @@ void launch_fp8_small_batch(const uint8_t* x, const float* x_scales, int64_t tok
                    y_stride);
 }
 
+// y[t][o] (+)= raw[t][o] * weight_scales[o] * input_scales[t]: the scales of an FP8 product that
+// cuBLASLt ran unscaled. Four outputs a thread (out is a multiple of 4).
+template <typename Out, bool kAccumulate>
+__global__ void apply_fp8_scales_kernel(const float* __restrict__ raw,
+                                        const float* __restrict__ weight_scales,
+                                        const float* __restrict__ input_scales, int64_t out,
+                                        Out* __restrict__ y, int64_t y_stride) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
+  const int64_t o = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+  if (o >= out) return;
+  const int64_t t = blockIdx.y;
+  const float input_scale = input_scales[t];
+  const float4 sums = *reinterpret_cast<const float4*>(raw + t * out + o);
+  const float4 scales = *reinterpret_cast<const float4*>(weight_scales + o);
+  const float values[4] = {sums.x * scales.x * input_scale, sums.y * scales.y * input_scale,
+                           sums.z * scales.z * input_scale, sums.w * scales.w * input_scale};
+  Out* target = y + t * y_stride + o;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<Out, float>) {
+      target[i] = kAccumulate ? target[i] + values[i] : values[i];
+    } else {
+      target[i] = __float2bfloat16(values[i]);
+    }
+  }
+}
+
+template <typename Out, bool kAccumulate>
+void launch_apply_fp8_scales(const float* raw, const float* weight_scales,
+                             const float* input_scales, int64_t tokens, int64_t out, Out* y,
+                             int64_t y_stride, cudaStream_t stream) {
+  constexpr int kThreads = 128;
+  const dim3 grid(static_cast<unsigned>((out / 4 + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(tokens));
+  launch_dependent("FP8 product scales", apply_fp8_scales_kernel<Out, kAccumulate>, grid,
+                   dim3(kThreads), 0, stream, raw, weight_scales, input_scales, out, y, y_stride);
+}
+
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 }  // namespace
@@ -438,10 +477,17 @@ bool Blas::fp8_small_batch_applies(int64_t tokens, int64_t in, int64_t out) {
 
 void Blas::delete_fp8_plan(Fp8Plan* plan) { delete plan; }
 
+bool Blas::fp8_separate_scaling_applies(int64_t tokens, const DeviceMatrix& w, int64_t out) const {
+  return separate_scaling_ && tokens >= 2 && tokens <= kFp8SeparateScalingMaxRows && out % 4 == 0 &&
+         aligned16(w.scales);
+}
+
 Blas::Fp8Plan& Blas::fp8_plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride,
-                                  bool fp32_out, const float* weight_scales,
+                                  bool fp32_out, bool separate_scaling, const float* weight_scales,
                                   const float* input_scales) {
-  const auto key = std::make_tuple(tokens, in, out, y_stride, fp32_out, fp8_fast_accumulation_);
+  if (separate_scaling) fp32_out = true, y_stride = out;
+  const auto key = std::make_tuple(tokens, in, out, y_stride, fp32_out, fp8_fast_accumulation_,
+                                   separate_scaling);
   if (auto found = fp8_plans_.find(key); found != fp8_plans_.end()) return *found->second;
   auto* plan = new Fp8Plan;
   try {
@@ -458,14 +504,16 @@ Blas::Fp8Plan& Blas::fp8_plan_for(int64_t tokens, int64_t in, int64_t out, int64
     };
     set(CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
     set(CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep));
-    set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer_vector, sizeof(outer_vector));
-    set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer_vector, sizeof(outer_vector));
     const int8_t fast_accumulation = fp8_fast_accumulation_ ? 1 : 0;
     set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accumulation, sizeof(fast_accumulation));
-    // The heuristic refuses vector scale modes until the scale pointers are set (cuBLASLt 13.1);
-    // each product sets its own before it runs.
-    set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &weight_scales, sizeof(weight_scales));
-    set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &input_scales, sizeof(input_scales));
+    if (!separate_scaling) {
+      set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer_vector, sizeof(outer_vector));
+      set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer_vector, sizeof(outer_vector));
+      // The heuristic refuses vector scale modes until the scale pointers are set (cuBLASLt
+      // 13.1); each product sets its own before it runs.
+      set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &weight_scales, sizeof(weight_scales));
+      set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &input_scales, sizeof(input_scales));
+    }
     check_blas(lt::api().MatrixLayoutCreate(&plan->weight_layout, CUDA_R_8F_E4M3, in, out, in),
                "cublasLtMatrixLayoutCreate");
     check_blas(lt::api().MatrixLayoutCreate(&plan->input_layout, CUDA_R_8F_E4M3, in, tokens, in),
@@ -487,7 +535,8 @@ Blas::Fp8Plan& Blas::fp8_plan_for(int64_t tokens, int64_t in, int64_t out, int64
     lt::api().MatmulPreferenceDestroy(preference);
     check_blas(status, "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0) {
-      throw Error("cuBLASLt has no FP8 algorithm with per-row scales for a " +
+      throw Error(std::string("cuBLASLt has no FP8 algorithm ") +
+                  (separate_scaling ? "without scales" : "with per-row scales") + " for a " +
                   std::to_string(tokens) + "x" + std::to_string(in) + "x" + std::to_string(out) +
                   " product (it needs cuBLAS 12.9 or later and a Hopper GPU)");
     }
@@ -567,7 +616,39 @@ void Blas::linear_fp8(const bf16* x, int64_t tokens, int64_t in, const DeviceMat
   }
   const float* weight_scales = w.scales;
   const float* input_scales = fp8_input_scales_.data();
-  Fp8Plan& plan = fp8_plan_for(tokens, in, out, y_stride, fp32_out, weight_scales, input_scales);
+  if (fp8_separate_scaling_applies(tokens, w, out)) {
+    const size_t sums = static_cast<size_t>(tokens) * static_cast<size_t>(out);
+    if (fp8_unscaled_outputs_.size() < sums) {
+      if (stream_capturing(stream_)) {
+        throw Error("FP8 product: the scratch for " + std::to_string(tokens) + " rows of " +
+                    std::to_string(out) + " sums was not reserved before graph capture");
+      }
+      fp8_unscaled_outputs_.allocate(static_cast<size_t>(kFp8SeparateScalingMaxRows) *
+                                     static_cast<size_t>(out));
+    }
+    float* unscaled = fp8_unscaled_outputs_.data();
+    Fp8Plan& plan =
+        fp8_plan_for(tokens, in, out, y_stride, fp32_out, true, weight_scales, input_scales);
+    const float alpha = 1.0f, beta = 0.0f;
+    check_blas(lt::api().Matmul(handle_, plan.operation, &alpha, w.codes, plan.weight_layout,
+                                fp8_inputs_.data(), plan.input_layout, &beta, unscaled,
+                                plan.output_layout, unscaled, plan.output_layout, &plan.algorithm,
+                                workspace_.data(), workspace_.bytes(), stream_),
+               "cublasLtMatmul (FP8, unscaled)");
+    if (!fp32_out) {
+      launch_apply_fp8_scales<bf16, false>(unscaled, weight_scales, input_scales, tokens, out,
+                                           static_cast<bf16*>(y), y_stride, stream_);
+    } else if (accumulate) {
+      launch_apply_fp8_scales<float, true>(unscaled, weight_scales, input_scales, tokens, out,
+                                           static_cast<float*>(y), y_stride, stream_);
+    } else {
+      launch_apply_fp8_scales<float, false>(unscaled, weight_scales, input_scales, tokens, out,
+                                            static_cast<float*>(y), y_stride, stream_);
+    }
+    return;
+  }
+  Fp8Plan& plan =
+      fp8_plan_for(tokens, in, out, y_stride, fp32_out, false, weight_scales, input_scales);
   check_blas(lt::api().MatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                               &weight_scales, sizeof(weight_scales)),
              "cublasLtMatmulDescSetAttribute");
