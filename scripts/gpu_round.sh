@@ -17,6 +17,9 @@
 #                  exactly (one number or one per protocol, no probe); PROTOCOL_FIRST_SAMPLES (one per
 #                  protocol, default 0) runs a shard that `entropyinfer eval-report` merges with the
 #                  others; carry .cache/assets-text
+#   fp8scales      bench/gpu/fp8_scale_modes_probe.cu: cuBLASLt's FP8 matmul at FP8_SCALE_ROWS rows
+#                  (default "16 32 64") with per-row scales, swapped, and unscaled + a scaling kernel
+#   GEMM_ARGS      more flags for the gemm step (e.g. "--tokens 16,32,64")
 #   fp8quality     the shipped model's eval (FP8_EVAL_TASKS, FP8_EVAL_LENGTHS, FP8_EVAL_SAMPLES,
 #                  FP8_EVAL_METHODS, FP8_EVAL_BUDGETS) in bf16, with --weights fp8 and with
 #                  --kv-cache fp8 (carry .cache/assets-text)
@@ -421,10 +424,25 @@ fi
 if [[ "${steps}" == *",gemm,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
   # The model's linear products through the engine's Blas, then torch on the same shapes.
   section gemm
-  timeout -k 10 240 "${build}/entropyinfer_gpu_bench" gemm --json "${out}/gemm-ours.json" 2>&1 |
+  # shellcheck disable=SC2086
+  timeout -k 10 240 "${build}/entropyinfer_gpu_bench" gemm ${GEMM_ARGS:-} --json "${out}/gemm-ours.json" 2>&1 |
     tee -a "${log}" || step_failed "GEMM benchmark"
   timeout -k 10 120 python3 "${repo_root}/bench/gpu/matmul_reference.py" --json "${out}/gemm-torch.json" 2>&1 |
     tee -a "${log}" || step_failed "torch matmul reference"
+fi
+
+if [[ "${steps}" == *",fp8scales,"* ]]; then
+  # cuBLASLt's FP8 matmul at decode-batch sizes in its scale modes (a standalone probe).
+  section fp8scales
+  mkdir -p "${build}"
+  if nvcc -O2 -std=c++17 -arch=sm_90a -o "${build}/fp8_scale_modes_probe" \
+    "${repo_root}/bench/gpu/fp8_scale_modes_probe.cu" -lcublasLt 2>&1 | tee -a "${log}"; then
+    # shellcheck disable=SC2086
+    timeout -k 10 240 "${build}/fp8_scale_modes_probe" ${FP8_SCALE_ROWS:-16 32 64} 2>&1 |
+      tee -a "${log}" || step_failed "FP8 scale-mode probe"
+  else
+    step_failed "FP8 scale-mode probe build"
+  fi
 fi
 
 if [[ "${steps}" == *",fp8,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
