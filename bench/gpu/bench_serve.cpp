@@ -18,7 +18,8 @@
 //   interference  --stream-clients streams decoding, then one request of --prompt tokens arrives:
 //             the streams' inter-token p50/p99 before and while it prefills.
 // --kv-cache fp8 holds the pool's pages as E4M3 codes with a scale per row (default auto: bf16);
-// --weights fp8 quantizes every projection per output row (default bf16).
+// --weights fp8 quantizes every projection per output row (default bf16); with it,
+// --fp8-separate-scaling on runs products of 9-64 rows unscaled, then scaled (default off).
 // Output like vLLM's benchmark_serving: throughput, TTFT and TPOT p50/p99, concurrency, pool use.
 #include <algorithm>
 #include <atomic>
@@ -253,8 +254,9 @@ int run_serve_bench(int argc, char** argv) {
       capacity_full_output = 512, interference_output = 4096;
   int floor_sequences = 32, floor_prompt = 32768, floor_steps = 32;
   int context = 0;
-  std::string kv_cache = "auto";  // as the CLI: bf16 pages, or fp8
-  std::string weights = "bf16";   // or fp8: projections quantized per row
+  std::string kv_cache = "auto";         // as the CLI: bf16 pages, or fp8
+  std::string weights = "bf16";          // or fp8: projections quantized per row
+  std::string separate_scaling = "off";  // on: FP8 products of 9-64 rows unscaled, then scaled
   int64_t prefill_budget = serve::SchedulerOptions{}.prefill_token_layers_per_step;
   int64_t prefill_budget_decoding = serve::SchedulerOptions{}.prefill_token_layers_while_decoding;
   for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {
@@ -304,6 +306,8 @@ int run_serve_bench(int argc, char** argv) {
       kv_cache = value;
     else if (flag == "--weights")
       weights = value;
+    else if (flag == "--fp8-separate-scaling")
+      separate_scaling = value;
     else if (flag == "--prefill-budget")
       prefill_budget = std::stoll(value);
     else if (flag == "--prefill-budget-decoding")
@@ -321,6 +325,9 @@ int run_serve_bench(int argc, char** argv) {
     throw Error("--weights must be bf16 or fp8, not '" + weights + "'");
   }
   const bool fp8_weights = weights == "fp8";
+  if (separate_scaling != "on" && separate_scaling != "off") {
+    throw Error("--fp8-separate-scaling must be on or off, not '" + separate_scaling + "'");
+  }
   const std::vector<std::string> scenarios = split(scenarios_text);
   const auto wants = [&](const char* name) {
     return std::find(scenarios.begin(), scenarios.end(), name) != scenarios.end();
@@ -336,6 +343,7 @@ int run_serve_bench(int argc, char** argv) {
   options.device = Device::kCuda;
   options.context_length = context;
   options.fp8_kv_cache = fp8_pages;
+  options.fp8_separate_scaling = separate_scaling == "on";
   const Clock::time_point built = Clock::now();
   std::unique_ptr<BatchModel> owned =
       cuda::make_cuda_batch_model(config, 1234, options, fp8_weights);
@@ -355,6 +363,7 @@ int run_serve_bench(int argc, char** argv) {
                            {"context", model->context_length()},
                            {"kv_cache", page_format},
                            {"weights", weights},
+                           {"fp8_separate_scaling", separate_scaling == "on"},
                            {"pool_pages", pool.pages_total},
                            {"page_bytes", pool.page_bytes}};
   const int vocab = config.vocab_size;

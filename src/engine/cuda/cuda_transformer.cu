@@ -493,6 +493,7 @@ struct CudaTransformer::State {
     w = widths_of(c);
     chunk = std::max(1, std::min(options.chunk_tokens, context));
     fp8_weights = options.fp8_weights;
+    blas.set_fp8_separate_scaling(options.fp8_separate_scaling);
     fp8_cache = options.fp8_kv_cache;
     if (fp8_cache && options.compress_during_prefill) {
       throw Error("an FP8 KV cache and compress_during_prefill cannot be combined");
