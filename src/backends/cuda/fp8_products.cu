@@ -616,9 +616,13 @@ void Blas::linear_fp8(const bf16* x, int64_t tokens, int64_t in, const DeviceMat
   }
   const float* weight_scales = w.scales;
   const float* input_scales = fp8_input_scales_.data();
-  if (fp8_separate_scaling_applies(tokens, w, out)) {
-    const size_t sums = static_cast<size_t>(tokens) * static_cast<size_t>(out);
-    if (fp8_unscaled_outputs_.size() < sums) {
+  // Separate scaling: the matmul writes unscaled fp32 sums into scratch, then a kernel scales
+  // them into y. Otherwise cuBLASLt applies both scale vectors in its epilogue.
+  const bool separate = fp8_separate_scaling_applies(tokens, w, out);
+  float* unscaled = nullptr;
+  if (separate) {
+    const size_t sum_count = static_cast<size_t>(tokens) * static_cast<size_t>(out);
+    if (fp8_unscaled_outputs_.size() < sum_count) {
       if (stream_capturing(stream_)) {
         throw Error("FP8 product: the scratch for " + std::to_string(tokens) + " rows of " +
                     std::to_string(out) + " sums was not reserved before graph capture");
@@ -626,41 +630,38 @@ void Blas::linear_fp8(const bf16* x, int64_t tokens, int64_t in, const DeviceMat
       fp8_unscaled_outputs_.allocate(static_cast<size_t>(kFp8SeparateScalingMaxRows) *
                                      static_cast<size_t>(out));
     }
-    float* unscaled = fp8_unscaled_outputs_.data();
-    Fp8Plan& plan =
-        fp8_plan_for(tokens, in, out, y_stride, fp32_out, true, weight_scales, input_scales);
-    const float alpha = 1.0f, beta = 0.0f;
-    check_blas(lt::api().Matmul(handle_, plan.operation, &alpha, w.codes, plan.weight_layout,
-                                fp8_inputs_.data(), plan.input_layout, &beta, unscaled,
-                                plan.output_layout, unscaled, plan.output_layout, &plan.algorithm,
-                                workspace_.data(), workspace_.bytes(), stream_),
-               "cublasLtMatmul (FP8, unscaled)");
-    if (!fp32_out) {
-      launch_apply_fp8_scales<bf16, false>(unscaled, weight_scales, input_scales, tokens, out,
-                                           static_cast<bf16*>(y), y_stride, stream_);
-    } else if (accumulate) {
-      launch_apply_fp8_scales<float, true>(unscaled, weight_scales, input_scales, tokens, out,
-                                           static_cast<float*>(y), y_stride, stream_);
-    } else {
-      launch_apply_fp8_scales<float, false>(unscaled, weight_scales, input_scales, tokens, out,
-                                            static_cast<float*>(y), y_stride, stream_);
-    }
-    return;
+    unscaled = fp8_unscaled_outputs_.data();
   }
   Fp8Plan& plan =
-      fp8_plan_for(tokens, in, out, y_stride, fp32_out, false, weight_scales, input_scales);
-  check_blas(lt::api().MatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                              &weight_scales, sizeof(weight_scales)),
-             "cublasLtMatmulDescSetAttribute");
-  check_blas(lt::api().MatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                              &input_scales, sizeof(input_scales)),
-             "cublasLtMatmulDescSetAttribute");
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+      fp8_plan_for(tokens, in, out, y_stride, fp32_out, separate, weight_scales, input_scales);
+  if (!separate) {
+    check_blas(
+        lt::api().MatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                         &weight_scales, sizeof(weight_scales)),
+        "cublasLtMatmulDescSetAttribute");
+    check_blas(
+        lt::api().MatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                         &input_scales, sizeof(input_scales)),
+        "cublasLtMatmulDescSetAttribute");
+  }
+  void* sums = separate ? static_cast<void*>(unscaled) : y;
+  const float alpha = 1.0f, beta = accumulate && !separate ? 1.0f : 0.0f;
   check_blas(lt::api().Matmul(handle_, plan.operation, &alpha, w.codes, plan.weight_layout,
-                              fp8_inputs_.data(), plan.input_layout, &beta, y, plan.output_layout,
-                              y, plan.output_layout, &plan.algorithm, workspace_.data(),
-                              workspace_.bytes(), stream_),
+                              fp8_inputs_.data(), plan.input_layout, &beta, sums,
+                              plan.output_layout, sums, plan.output_layout, &plan.algorithm,
+                              workspace_.data(), workspace_.bytes(), stream_),
              "cublasLtMatmul (FP8)");
+  if (!separate) return;
+  if (!fp32_out) {
+    launch_apply_fp8_scales<bf16, false>(unscaled, weight_scales, input_scales, tokens, out,
+                                         static_cast<bf16*>(y), y_stride, stream_);
+  } else if (accumulate) {
+    launch_apply_fp8_scales<float, true>(unscaled, weight_scales, input_scales, tokens, out,
+                                         static_cast<float*>(y), y_stride, stream_);
+  } else {
+    launch_apply_fp8_scales<float, false>(unscaled, weight_scales, input_scales, tokens, out,
+                                          static_cast<float*>(y), y_stride, stream_);
+  }
 }
 
 void Blas::linear(const bf16* x, int64_t tokens, int64_t in, const DeviceMatrix& w, int64_t out,
