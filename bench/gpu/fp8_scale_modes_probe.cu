@@ -147,6 +147,29 @@ Plan make_plan(const Config& c, int tokens, const Product& p, const float* ws, c
   return plan;
 }
 
+// One product in configuration c: the matmul (into y with its epilogue scales, or unscaled into
+// raw), then, for the unscaled forms, the scaling kernel into y. False when cuBLASLt refuses.
+bool run_product(const Config& c, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
+                 const Product& p, int tokens, const uint8_t* w, const float* ws, const uint8_t* x,
+                 const float* xs, float* raw, float* y, cudaStream_t stream) {
+  const bool swapped = c.order == Order::kSwapped;
+  const bool scaled_in_epilogue = c.scales == Scales::kOuterVector;
+  const float alpha = 1.0f, beta = scaled_in_epilogue && p.accumulate ? 1.0f : 0.0f;
+  const void* a = swapped ? static_cast<const void*>(x) : w;
+  const void* b = swapped ? static_cast<const void*>(w) : x;
+  void* d = scaled_in_epilogue ? static_cast<void*>(y) : static_cast<void*>(raw);
+  if (cublasLtMatmul(handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d, plan.d,
+                     &algo, workspace, kWorkspace, stream) != CUBLAS_STATUS_SUCCESS) {
+    return false;
+  }
+  if (scaled_in_epilogue) return true;
+  const dim3 grid((p.out + 255) / 256, tokens);
+  auto* scale = swapped ? (p.accumulate ? scale_out<true, true> : scale_out<true, false>)
+                        : (p.accumulate ? scale_out<false, true> : scale_out<false, false>);
+  scale<<<grid, 256, 0, stream>>>(raw, ws, xs, tokens, p.out, y);
+  return true;
+}
+
 struct Layer {
   uint8_t* w[4];
   float* ws[4];
@@ -245,36 +268,8 @@ int main(int argc, char** argv) {
         int best_index = -1;
         for (int a = 0; a < count; ++a) {
           auto run_layer = [&](int l) {
-            const float alpha = 1.0f,
-                        beta = (c.scales == Scales::kOuterVector && p.accumulate) ? 1.0f : 0.0f;
-            const bool swapped = c.order == Order::kSwapped;
-            const void* A = swapped ? static_cast<const void*>(x) : weights[l].w[i];
-            const void* B = swapped ? static_cast<const void*>(weights[l].w[i]) : x;
-            void* D =
-                c.scales == Scales::kOuterVector ? static_cast<void*>(y) : static_cast<void*>(raw);
-            const cublasStatus_t s = cublasLtMatmul(
-                handle, plans[l].desc, &alpha, A, plans[l].a, B, plans[l].b, &beta, D, plans[l].d,
-                D, plans[l].d, &plans[0].algos[a].algo, workspace, kWorkspace, stream);
-            if (s != CUBLAS_STATUS_SUCCESS) return false;
-            if (c.scales == Scales::kScalarThenKernel) {
-              dim3 grid((p.out + 255) / 256, tokens);
-              if (swapped) {
-                if (p.accumulate)
-                  scale_out<true, true>
-                      <<<grid, 256, 0, stream>>>(raw, weights[l].ws[i], xs, tokens, p.out, y);
-                else
-                  scale_out<true, false>
-                      <<<grid, 256, 0, stream>>>(raw, weights[l].ws[i], xs, tokens, p.out, y);
-              } else {
-                if (p.accumulate)
-                  scale_out<false, true>
-                      <<<grid, 256, 0, stream>>>(raw, weights[l].ws[i], xs, tokens, p.out, y);
-                else
-                  scale_out<false, false>
-                      <<<grid, 256, 0, stream>>>(raw, weights[l].ws[i], xs, tokens, p.out, y);
-              }
-            }
-            return true;
+            return run_product(c, plans[l], plans[0].algos[a].algo, p, tokens, weights[l].w[i],
+                               weights[l].ws[i], x, xs, raw, y, stream);
           };
           bool ok = true;
           for (int l = 0; l < layers && ok; ++l) ok = run_layer(l);  // warm-up
@@ -315,33 +310,27 @@ int main(int argc, char** argv) {
                   all_ok ? "" : "(incomplete)", layer_first, layer_best, detail.c_str());
     }
   }
-  // Correctness of the swapped forms against the normal one, 32 rows, down (fp32, not accumulate).
+  // Correctness of the other forms against the normal one: 32 rows of down, accumulating into
+  // zeros.
   {
     const int tokens = std::min(32, max_rows);
-    Product p = products[3];
-    p.accumulate = true;
-    std::vector<float> ref, got;
-    for (int v = 0; v < 3; ++v) {
-      Config c = v == 0 ? configs[0] : v == 1 ? configs[1] : configs[4];
-      Plan plan = make_plan(c, tokens, p, weights[0].ws[3], xs, 1);
+    const Product& p = products[3];
+    std::vector<float> ref;
+    for (const Config* c : {&configs[0], &configs[1], &configs[4]}) {
+      Plan plan = make_plan(*c, tokens, p, weights[0].ws[3], xs, 1);
       if (!plan.ok) {
-        std::printf("check %s: no algorithm\n", c.name);
+        std::printf("check %s: no algorithm\n", c->name);
         continue;
       }
       CK(cudaMemset(y, 0, 4ull * tokens * p.out));
-      const float alpha = 1.0f, beta = c.scales == Scales::kOuterVector ? 1.0f : 0.0f;
-      const bool swapped = c.order == Order::kSwapped;
-      const void* A = swapped ? static_cast<const void*>(x) : weights[0].w[3];
-      const void* B = swapped ? static_cast<const void*>(weights[0].w[3]) : x;
-      void* D = c.scales == Scales::kOuterVector ? static_cast<void*>(y) : static_cast<void*>(raw);
-      LK(cublasLtMatmul(handle, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, D, plan.d, D,
-                        plan.d, &plan.algos[0].algo, workspace, kWorkspace, stream));
-      if (c.scales == Scales::kScalarThenKernel)
-        scale_out<true, true><<<dim3((p.out + 255) / 256, tokens), 256, 0, stream>>>(
-            raw, weights[0].ws[3], xs, tokens, p.out, y);
+      if (!run_product(*c, plan, plan.algos[0].algo, p, tokens, weights[0].w[3], weights[0].ws[3],
+                       x, xs, raw, y, stream)) {
+        std::printf("check %s: cuBLASLt refused its algorithm\n", c->name);
+        continue;
+      }
       std::vector<float> host(static_cast<size_t>(tokens) * p.out);
       CK(cudaMemcpy(host.data(), y, host.size() * 4, cudaMemcpyDeviceToHost));
-      if (v == 0) {
+      if (c == &configs[0]) {
         ref = host;
         continue;
       }
@@ -350,7 +339,7 @@ int main(int argc, char** argv) {
         worst = std::max(worst, static_cast<double>(std::fabs(host[i] - ref[i])));
         largest = std::max(largest, static_cast<double>(std::fabs(ref[i])));
       }
-      std::printf("check %s against normal: largest difference %.3g of largest %.3g\n", c.name,
+      std::printf("check %s against normal: largest difference %.3g of largest %.3g\n", c->name,
                   worst, largest);
     }
   }
