@@ -170,7 +170,7 @@ int run_gemm_bench(int argc, char** argv) {
           const bool fast = variant != 3;
           blas.set_fp8_fast_accumulation(fast);
           blas.set_fp8_small_batch(variant == 0);
-          blas.set_fp8_separate_scaling(variant == 1);
+          blas.set_fp8_separate_scaling(variant <= 1);
           const Timing timing = time_runs(
               [&] {
                 if (product.accumulate) {
@@ -217,7 +217,7 @@ int run_gemm_bench(int argc, char** argv) {
         }
         blas.set_fp8_fast_accumulation(true);
         blas.set_fp8_small_batch(true);
-        blas.set_fp8_separate_scaling(false);
+        blas.set_fp8_separate_scaling(true);
       }
       if (tokens > 1) {
         // Every candidate, timed both ways: a short burst (median of 9) and sustained (the mean

@@ -19,7 +19,7 @@
 //             the streams' inter-token p50/p99 before and while it prefills.
 // --kv-cache fp8 holds the pool's pages as E4M3 codes with a scale per row (default auto: bf16);
 // --weights fp8 quantizes every projection per output row (default bf16); with it,
-// --fp8-separate-scaling on runs products of 9-64 rows unscaled, then scaled (default off).
+// --fp8-separate-scaling on runs products of 9-64 rows unscaled, then scaled (default on).
 // Output like vLLM's benchmark_serving: throughput, TTFT and TPOT p50/p99, concurrency, pool use.
 #include <algorithm>
 #include <atomic>
@@ -256,7 +256,7 @@ int run_serve_bench(int argc, char** argv) {
   int context = 0;
   std::string kv_cache = "auto";         // as the CLI: bf16 pages, or fp8
   std::string weights = "bf16";          // or fp8: projections quantized per row
-  std::string separate_scaling = "off";  // on: FP8 products of 9-64 rows unscaled, then scaled
+  std::string separate_scaling = "on";  // on: FP8 products of 9-64 rows unscaled, then scaled
   int64_t prefill_budget = serve::SchedulerOptions{}.prefill_token_layers_per_step;
   int64_t prefill_budget_decoding = serve::SchedulerOptions{}.prefill_token_layers_while_decoding;
   for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {

@@ -46,7 +46,7 @@ struct BatchModelOptions {
   int64_t pool_bytes = 0;
   bool fp8_kv_cache = false;  // as EngineOptions::fp8_kv_cache
   // CUDA: FP8 products of 9-64 rows unscaled, then scaled (CudaModelOptions::fp8_separate_scaling).
-  bool fp8_separate_scaling = false;
+  bool fp8_separate_scaling = true;
 };
 
 class BatchModel {

@@ -87,7 +87,7 @@ class Blas {
   // multiple of 64, output a multiple of 16); off sends them through cuBLASLt (for comparison).
   void set_fp8_small_batch(bool enabled) { small_batch_ = enabled; }
   static bool fp8_small_batch_applies(int64_t tokens, int64_t in, int64_t out);
-  // Separate scaling (off by default): FP8 products of a few rows beyond the small-batch kernel
+  // Separate scaling (on by default): FP8 products of a few rows beyond the small-batch kernel
   // (up to kFp8SeparateScalingMaxRows) run cuBLASLt's FP8 matmul without scales into fp32 scratch,
   // then a kernel of their own applies the row and input scales. At these sizes cuBLASLt offers
   // one algorithm with per-row scales and several, faster ones without
@@ -161,7 +161,7 @@ class Blas {
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, Plan*> plans_;
   bool gemv_ = true;
   bool small_batch_ = true;
-  bool separate_scaling_ = false;
+  bool separate_scaling_ = true;
   bool tune_gemv_ = false;
   std::map<std::tuple<int64_t, int64_t, bool, bool>, std::pair<int, int>> gemv_configurations_;
   int autotune_candidates_ = 0;

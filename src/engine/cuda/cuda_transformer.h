@@ -56,7 +56,7 @@ struct CudaModelOptions {
   bool fp8_weights = false;
   // FP8 products of 9-64 rows (decode batches) run unscaled with the scales applied by a kernel of
   // their own (Blas::set_fp8_separate_scaling).
-  bool fp8_separate_scaling = false;
+  bool fp8_separate_scaling = true;
   // An FP8 KV cache (EngineOptions::fp8_kv_cache): E4M3 codes with one fp32 scale per cached row
   // of each head. Prompt attention and the estimate read one layer's rows widened to bf16 in a
   // staging slab; decode reads the codes (ragged_decode_fp8).
