@@ -77,6 +77,9 @@ def sample_seed(base_seed, task, length, index):
 
 NEEDLE = "The secret of {key} is {value}."
 QUESTION_ONE = "What is the secret of {key}? It is"
+# Training only: a needle's own opening as the question, so that an induction head (match the
+# token before, copy the token after) answers it; see TRAIN_MIXES["recall"].
+QUESTION_RECALL = "The secret of {key} is"
 QUESTION_ALL_VALUES = "What are all the secrets of {key}? They are"
 QUESTION_MANY_KEYS = "What are the secrets of{keys}? They are"
 VT_FIRST = "VAR {name} = {number}"
@@ -483,6 +486,11 @@ TRAIN_MIXES = {
     # for the long stages.
     "match": [("niah_match", 60, 0), ("multivalue", 15, 0), ("multiquery", 15, 0), ("niah_one", 10, 0)],
     "long_match": [("niah_one", 35, 0), ("niah_match", 35, 0), ("multivalue", 15, 0), ("multiquery", 15, 0)],
+    # Key matching through an induction head first: niah_recall asks "The secret of KEY is", the
+    # needle's own words, so the token before the answer is the key itself. Round 7's fresh model on
+    # match_one copied single needles within 1,200 steps but stayed at chance on niah_match through
+    # 4,500 more; matching the key two tokens back ("KEY? It is") never began.
+    "recall": [("niah_recall", 45, 0), ("niah_match", 25, 0), ("niah_one", 20, 0), ("multiquery", 10, 0)],
     # For a fresh model (round 7 on): "match" with four times the single needles. Round 1's mixture,
     # whose 256-token answers were spread over multi-needle families like "match"'s, never started
     # to copy; single needles ("one") did within about 600 steps (round 2). Here both skills get
@@ -546,7 +554,7 @@ def _training_sample(rng, family, length, res, measure, shrink):
     start = rng.below(len(res.lines))
     lines = res.lines
     max_lines = training_max_lines(length, lines, noise)
-    if family == "niah_match":
+    if family in ("niah_match", "niah_recall"):
         # 2..length // 32 needles (at most 16), 1..n // 3 of them asked (at most 3).
         n_max = max(2, min(16, length // 32) >> shrink)
         n = 2 + rng.below(n_max - 1)
@@ -556,8 +564,9 @@ def _training_sample(rng, family, length, res, measure, shrink):
         depths = [rng.below(1001) for _ in range(n)]
         asked = rng.sample(range(n), q)
         needles = [(depths[i], NEEDLE.format(key=keys[i], value=values[i])) for i in range(n)]
-        questions = [(QUESTION_ONE.format(key=keys[i]), [values[i]]) for i in asked]
-        return make_haystack_sample("niah_match", lines, start, needles, questions, full_measure, length, noise,
+        question = QUESTION_ONE if family == "niah_match" else QUESTION_RECALL
+        questions = [(question.format(key=keys[i]), [values[i]]) for i in asked]
+        return make_haystack_sample(family, lines, start, needles, questions, full_measure, length, noise,
                                     k_max=max_lines)
     if family in ("niah", "niah_all", "niah_few", "niah_one"):
         n_max = max(1, min(16, length // 32) >> shrink)
@@ -681,6 +690,9 @@ def verify_sample(sample, res_keys_values=None):
     if task in ("niah_single", "niah_multikey", "niah", "niah_match"):
         key = re.search(r"What is the secret of (\w+)\? It is$", prompt.split("\n")[-1]).group(1)
         check(f"The secret of {key} is {sample.answers[0]}." in prompt, "needle missing")
+    elif task == "niah_recall":
+        key = re.search(r"^The secret of (\w+) is$", prompt.split("\n")[-1]).group(1)
+        check(f"The secret of {key} is {sample.answers[0]}." in prompt, "recalled needle missing")
     elif task == "niah_multivalue":
         key = re.search(r"secrets of (\w+)\?", prompt.split("\n")[-1]).group(1)
         found = re.findall(rf"^The secret of {key} is (\w+)\.$", prompt, re.M)
