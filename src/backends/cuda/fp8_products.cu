@@ -437,6 +437,19 @@ void launch_apply_fp8_scales(const float* raw, const float* weight_scales,
 
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
+// Runs launch<Out, kAccumulate>(y) for a product's output form: rounded into bf16, written as
+// fp32, or added to fp32 (bf16 outputs are never accumulated into).
+template <typename Launch>
+void with_output_form(void* y, bool fp32_out, bool accumulate, Launch&& launch) {
+  if (!fp32_out) {
+    launch.template operator()<bf16, false>(static_cast<bf16*>(y));
+  } else if (accumulate) {
+    launch.template operator()<float, true>(static_cast<float*>(y));
+  } else {
+    launch.template operator()<float, false>(static_cast<float*>(y));
+  }
+}
+
 }  // namespace
 
 void quantize_rows_fp8(const bf16* x, int64_t rows, int64_t width, int64_t x_stride,
@@ -582,16 +595,9 @@ void Blas::linear_fp8(const bf16* x, int64_t tokens, int64_t in, const DeviceMat
   if (tokens == 1 && gemv_) {
     auto* decoded = reinterpret_cast<__half*>(fp8_inputs_.data());
     float* scale = fp8_input_scales_.data();
-    if (fp32_out) {
-      auto* out_rows = static_cast<float*>(y);
-      if (accumulate) {
-        launch_fp8_gemv<float, true>(x, w, in, out, out_rows, decoded, scale, stream_);
-      } else {
-        launch_fp8_gemv<float, false>(x, w, in, out, out_rows, decoded, scale, stream_);
-      }
-    } else {
-      launch_fp8_gemv<bf16, false>(x, w, in, out, static_cast<bf16*>(y), decoded, scale, stream_);
-    }
+    with_output_form(y, fp32_out, accumulate, [&]<typename Out, bool kAccumulate>(Out* out_rows) {
+      launch_fp8_gemv<Out, kAccumulate>(x, w, in, out, out_rows, decoded, scale, stream_);
+    });
     return;
   }
   quantize_rows_fp8(x, tokens, in, in, w.activations, w.input_scale, fp8_inputs_.data(),
@@ -599,19 +605,10 @@ void Blas::linear_fp8(const bf16* x, int64_t tokens, int64_t in, const DeviceMat
   if (small_batch_ && fp8_small_batch_applies(tokens, in, out)) {
     const uint8_t* codes_in = fp8_inputs_.data();
     const float* scales_in = fp8_input_scales_.data();
-    if (fp32_out) {
-      auto* out_rows = static_cast<float*>(y);
-      if (accumulate) {
-        launch_fp8_small_batch<float, true>(codes_in, scales_in, tokens, w, in, out, out_rows,
-                                            y_stride, stream_);
-      } else {
-        launch_fp8_small_batch<float, false>(codes_in, scales_in, tokens, w, in, out, out_rows,
-                                             y_stride, stream_);
-      }
-    } else {
-      launch_fp8_small_batch<bf16, false>(codes_in, scales_in, tokens, w, in, out,
-                                          static_cast<bf16*>(y), y_stride, stream_);
-    }
+    with_output_form(y, fp32_out, accumulate, [&]<typename Out, bool kAccumulate>(Out* out_rows) {
+      launch_fp8_small_batch<Out, kAccumulate>(codes_in, scales_in, tokens, w, in, out, out_rows,
+                                               y_stride, stream_);
+    });
     return;
   }
   const float* weight_scales = w.scales;
@@ -652,16 +649,10 @@ void Blas::linear_fp8(const bf16* x, int64_t tokens, int64_t in, const DeviceMat
                               workspace_.data(), workspace_.bytes(), stream_),
              "cublasLtMatmul (FP8)");
   if (!separate) return;
-  if (!fp32_out) {
-    launch_apply_fp8_scales<bf16, false>(unscaled, weight_scales, input_scales, tokens, out,
-                                         static_cast<bf16*>(y), y_stride, stream_);
-  } else if (accumulate) {
-    launch_apply_fp8_scales<float, true>(unscaled, weight_scales, input_scales, tokens, out,
-                                         static_cast<float*>(y), y_stride, stream_);
-  } else {
-    launch_apply_fp8_scales<float, false>(unscaled, weight_scales, input_scales, tokens, out,
-                                          static_cast<float*>(y), y_stride, stream_);
-  }
+  with_output_form(y, fp32_out, accumulate, [&]<typename Out, bool kAccumulate>(Out* out_rows) {
+    launch_apply_fp8_scales<Out, kAccumulate>(unscaled, weight_scales, input_scales, tokens, out,
+                                              out_rows, y_stride, stream_);
+  });
 }
 
 void Blas::linear(const bf16* x, int64_t tokens, int64_t in, const DeviceMatrix& w, int64_t out,
