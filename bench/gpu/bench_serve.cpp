@@ -254,8 +254,8 @@ int run_serve_bench(int argc, char** argv) {
       capacity_full_output = 512, interference_output = 4096;
   int floor_sequences = 32, floor_prompt = 32768, floor_steps = 32;
   int context = 0;
-  std::string kv_cache = "auto";         // as the CLI: bf16 pages, or fp8
-  std::string weights = "bf16";          // or fp8: projections quantized per row
+  std::string kv_cache = "auto";        // as the CLI: bf16 pages, or fp8
+  std::string weights = "bf16";         // or fp8: projections quantized per row
   std::string separate_scaling = "on";  // on: FP8 products of 9-64 rows unscaled, then scaled
   int64_t prefill_budget = serve::SchedulerOptions{}.prefill_token_layers_per_step;
   int64_t prefill_budget_decoding = serve::SchedulerOptions{}.prefill_token_layers_while_decoding;
