@@ -489,7 +489,7 @@ TRAIN_MIXES = {
     # Key matching through an induction head first: niah_recall asks "The secret of KEY is", the
     # needle's own words, so the token before the answer is the key itself. Round 7's fresh model on
     # match_one copied single needles within 1,200 steps but stayed at chance on niah_match through
-    # 4,500 more; matching the key two tokens back ("KEY? It is") never began.
+    # 4,500 more; matching the key three tokens back ("KEY? It is") never began.
     "recall": [("niah_recall", 45, 0), ("niah_match", 25, 0), ("niah_one", 20, 0), ("multiquery", 10, 0)],
     # For a fresh model (round 7 on): "match" with four times the single needles. Round 1's mixture,
     # whose 256-token answers were spread over multi-needle families like "match"'s, never started
