@@ -261,6 +261,80 @@ TEST(CudaFp8, SeparateScalingMatchesPerRowScalesInStridedOutputs) {
   }
 }
 
+// A decode step's fused launches (RMSNorm or SwiGLU together with the FP8 GEMV's input) give the
+// bits of the unfused kernels: the product, and the normed or activation rows they also write. Row
+// widths pick each kernel's register counts; two tokens and bf16 weights take the unfused path.
+TEST(CudaFp8, FusedGemvInputsGiveTheUnfusedBits) {
+  ENTROPYINFER_REQUIRE_GPU();
+  Fp8Activations static_scheme;
+  static_scheme.kind = Fp8Activations::Kind::kStaticPerTensor;
+  const std::vector<std::pair<Fp8Activations, float>> schemes = {
+      {dynamic_scheme(), 0.0f}, {dynamic_scheme(0.5f), 0.0f}, {static_scheme, 0.002f}};
+  const int64_t out = 272;
+  for (const int64_t in : {int64_t{208}, int64_t{1008}, int64_t{4096}, int64_t{14336}}) {
+    const auto w = random_bf16_values(static_cast<size_t>(out * in), 31,
+                                      1.0f / std::sqrt(static_cast<float>(in)));
+    const HostFp8Matrix host = quantize_on_host(w, out, in);
+    cuda::DeviceBuffer<uint8_t> codes(host.codes.size());
+    codes.upload(host.codes.data(), host.codes.size());
+    const auto scales = upload_floats(host.scales);
+    const auto w_bf16 = upload_bf16(w);
+    for (const auto& [scheme, static_scale] : schemes) {
+      for (const bool fp8 : {true, false}) {
+        cuda::DeviceMatrix matrix;
+        if (fp8) {
+          matrix.codes = codes.data();
+          matrix.scales = scales.data();
+          matrix.activations = scheme;
+          matrix.input_scale = static_scale;
+        } else {
+          matrix.values = w_bf16.data();
+        }
+        matrix.in = in;
+        for (const int64_t tokens : {int64_t{1}, int64_t{2}}) {
+          SCOPED_TRACE(std::to_string(in) + " wide, " + std::to_string(tokens) + " token(s), " +
+                       (fp8 ? scheme.describe() : std::string("bf16 weights")));
+          cuda::Blas blas;
+          EXPECT_EQ(blas.fp8_gemv_runs(tokens, in, matrix), fp8 && tokens == 1);
+          // RMSNorm of fp32 rows, then the product into bf16.
+          const auto residual =
+              upload_floats(random_bf16_values(static_cast<size_t>(tokens * in), 32, 4.0f));
+          const auto norm_weight =
+              upload_floats(random_bf16_values(static_cast<size_t>(in), 33, 1.0f));
+          cuda::DeviceBuffer<cuda::bf16> normed_fused(static_cast<size_t>(tokens * in));
+          cuda::DeviceBuffer<cuda::bf16> normed_plain(static_cast<size_t>(tokens * in));
+          cuda::DeviceBuffer<cuda::bf16> y_fused(static_cast<size_t>(tokens * out));
+          cuda::DeviceBuffer<cuda::bf16> y_plain(static_cast<size_t>(tokens * out));
+          blas.normed_linear(residual.data(), norm_weight.data(), 1e-5f, normed_fused.data(),
+                             tokens, in, matrix, out, y_fused.data());
+          cuda::rms_norm(residual.data(), norm_weight.data(), tokens, in, 1e-5f,
+                         normed_plain.data(), nullptr);
+          blas.linear(normed_plain.data(), tokens, in, matrix, out, y_plain.data());
+          EXPECT_EQ(download_bf16(normed_fused), download_bf16(normed_plain));
+          EXPECT_EQ(download_bf16(y_fused), download_bf16(y_plain));
+          // SwiGLU of a fused gate/up row pair, then the product added to fp32 rows.
+          const auto gate_up =
+              upload_bf16(random_bf16_values(static_cast<size_t>(tokens * 2 * in), 34, 3.0f));
+          cuda::DeviceBuffer<cuda::bf16> activation_fused(static_cast<size_t>(tokens * in));
+          cuda::DeviceBuffer<cuda::bf16> activation_plain(static_cast<size_t>(tokens * in));
+          const auto start = random_bf16_values(static_cast<size_t>(tokens * out), 35, 1.0f);
+          auto sum_fused = upload_floats(start);
+          auto sum_plain = upload_floats(start);
+          blas.swiglu_linear(gate_up.data(), gate_up.data() + in, tokens, in, 2 * in,
+                             activation_fused.data(), matrix, out, sum_fused.data(), true);
+          cuda::swiglu(gate_up.data(), gate_up.data() + in, tokens, in, 2 * in,
+                       activation_plain.data(), nullptr);
+          blas.linear(activation_plain.data(), tokens, in, matrix, out, sum_plain.data(), true);
+          EXPECT_EQ(download_bf16(activation_fused), download_bf16(activation_plain));
+          const auto fused = download_floats(sum_fused);
+          EXPECT_EQ(fused, download_floats(sum_plain));
+          EXPECT_NE(fused, start);  // the product was added
+        }
+      }
+    }
+  }
+}
+
 // The shipped model quantized at load: the GPU runs FP8 products (the plan says so) and agrees
 // with the CPU running the same FP8 weights to the bound of the bf16 parity tests (the GPU keeps
 // activations in bf16, so an input can fall on the other side of a rounding step), differs from

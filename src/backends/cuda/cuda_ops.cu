@@ -8,6 +8,7 @@
 #include "backends/cuda/cublaslt_library.h"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/dependent_launch.cuh"
+#include "backends/cuda/row_ops.cuh"
 
 namespace entropyinfer::cuda {
 
@@ -25,22 +26,8 @@ unsigned blocks_for(int64_t count, int threads) {
   return static_cast<unsigned>((count + threads - 1) / threads);
 }
 
-// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets the
-// sum.
-__device__ float block_sum(float value) {
-  __shared__ float partial[32];
-  for (int offset = 16; offset > 0; offset >>= 1)
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // partial may still be read by a previous call
-  if (lane == 0) partial[warp] = value;
-  __syncthreads();
-  const int warps = blockDim.x / 32;
-  value = lane < warps ? partial[lane] : 0.0f;
-  for (int offset = 16; offset > 0; offset >>= 1)
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  return value;
-}
+using row_ops::block_sum;
+using row_ops::kRowNormThreads;
 
 __device__ inline float load_float(const float* x) { return *x; }
 __device__ inline float load_float(const bf16* x) { return __bfloat162float(*x); }
@@ -63,44 +50,23 @@ __global__ void rms_norm_kernel(const In* x, const float* weight, int64_t size, 
   }
 }
 
-// fp32 rows of up to 512 * kVectors floats, 128 threads per row: each thread keeps its kVectors
-// float4 loads in registers between the sum of squares and the scaling (one read of the row), and
-// many small blocks fit on each multiprocessor. The one-block-per-row kernel above, with 512
-// threads and a second read of the row, was bound by its reduction's latency at prefill sizes.
-constexpr int kRowNormThreads = 128;
-
+// fp32 rows of up to 512 * kVectors floats, kRowNormThreads per row (row_ops::rms_norm_row): many
+// small blocks fit on each multiprocessor. The one-block-per-row kernel above, with 512 threads and
+// a second read of the row, was bound by its reduction's latency at prefill sizes.
 template <int kVectors>
 __global__ void rms_norm_vector_kernel(const float* x, const float* weight, int64_t size, float eps,
                                        bf16* out, int64_t x_stride, int64_t out_stride) {
   wait_for_prerequisite_grids();
   allow_dependent_launch();
-  const float4* row = reinterpret_cast<const float4*>(x + blockIdx.x * x_stride);
-  const float4* weights = reinterpret_cast<const float4*>(weight);
+  uint2 normed[kVectors];
+  row_ops::rms_norm_row<kVectors>(x + blockIdx.x * x_stride, weight, size, eps, normed);
   uint2* out_row = reinterpret_cast<uint2*>(out + blockIdx.x * out_stride);
   const int vectors = static_cast<int>(size / 4);
-  float4 values[kVectors];
-  float squares = 0.0f;
-#pragma unroll
-  for (int v = 0; v < kVectors; ++v) {
-    const int index = threadIdx.x + v * kRowNormThreads;
-    values[v] = index < vectors ? row[index] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    squares += values[v].x * values[v].x + values[v].y * values[v].y + values[v].z * values[v].z +
-               values[v].w * values[v].w;
-  }
-  const float inverse_rms = rsqrtf(block_sum(squares) / static_cast<float>(size) + eps);
 #pragma unroll
   for (int v = 0; v < kVectors; ++v) {
     const int index = threadIdx.x + v * kRowNormThreads;
     if (index >= vectors) break;
-    const float4 w = weights[index];
-    const __nv_bfloat162 low =
-        __floats2bfloat162_rn(values[v].x * inverse_rms * w.x, values[v].y * inverse_rms * w.y);
-    const __nv_bfloat162 high =
-        __floats2bfloat162_rn(values[v].z * inverse_rms * w.z, values[v].w * inverse_rms * w.w);
-    uint2 packed;
-    packed.x = *reinterpret_cast<const unsigned*>(&low);
-    packed.y = *reinterpret_cast<const unsigned*>(&high);
-    out_row[index] = packed;
+    out_row[index] = normed[v];
   }
 }
 
@@ -179,9 +145,10 @@ __global__ void swiglu_kernel(const bf16* gate, const bf16* up, int64_t rows, in
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * width) return;
   const int64_t row = i / width, column = i % width;
-  const float g = __bfloat162float(gate[row * in_stride + column]);
-  const float u = __bfloat162float(up[row * in_stride + column]);
-  out[i] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
+  const __nv_bfloat162 pair =
+      row_ops::swiglu_pair(__bfloat162bfloat162(gate[row * in_stride + column]),
+                           __bfloat162bfloat162(up[row * in_stride + column]));
+  out[i] = __low2bfloat16(pair);
 }
 
 // Eight columns per thread (16-byte loads and store), rows along the grid's y (strided past its
@@ -200,12 +167,7 @@ __global__ void swiglu_vector_kernel(const uint4* gate, const uint4* up, int64_t
     uint4 result;
     __nv_bfloat162* r2 = reinterpret_cast<__nv_bfloat162*>(&result);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 gf = __bfloat1622float2(g2[i]);
-      const float2 uf = __bfloat1622float2(u2[i]);
-      r2[i] = __floats2bfloat162_rn(gf.x / (1.0f + __expf(-gf.x)) * uf.x,
-                                    gf.y / (1.0f + __expf(-gf.y)) * uf.y);
-    }
+    for (int i = 0; i < 4; ++i) r2[i] = row_ops::swiglu_pair(g2[i], u2[i]);
     out[row * chunks + chunk] = result;
   }
 }

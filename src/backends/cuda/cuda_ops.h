@@ -69,6 +69,20 @@ class Blas {
               bf16* y, int64_t y_stride = 0);
   void linear(const bf16* x, int64_t tokens, int64_t in, const DeviceMatrix& w, int64_t out,
               float* y, bool accumulate = false, int64_t y_stride = 0);
+  // y = (rms_norm(x) * norm_weight) w^T, the normed bf16 rows also written to `normed`: what
+  // rms_norm and then linear give, bit for bit. For one token and FP8 weights the norm and the
+  // GEMV's input quantization run as one kernel (a decode step has one launch fewer).
+  void normed_linear(const float* x, const float* norm_weight, float eps, bf16* normed,
+                     int64_t tokens, int64_t in, const DeviceMatrix& w, int64_t out, bf16* y);
+  // y (+)= swiglu(gate, up) w^T, the activation rows (`in` wide) also written to `activation`; gate
+  // and up rows are in_stride apart: what swiglu and then linear give, bit for bit. For one token
+  // and FP8 weights SwiGLU and the GEMV's input quantization run as one kernel.
+  void swiglu_linear(const bf16* gate, const bf16* up, int64_t tokens, int64_t in,
+                     int64_t in_stride, bf16* activation, const DeviceMatrix& w, int64_t out,
+                     float* y, bool accumulate);
+  // Whether a product of this shape runs the FP8 GEMV (one token, in-house GEMV on, a quantized
+  // input), reserving its input scratch outside graph capture: where the fused input kernels apply.
+  bool fp8_gemv_runs(int64_t tokens, int64_t in, const DeviceMatrix& w);
   // Sizes the FP8 products' input scratch for `tokens` rows of `width`, so that products inside a
   // CUDA graph capture find it allocated (a capture cannot allocate; a product past the reserve
   // outside one grows it).

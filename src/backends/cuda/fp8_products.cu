@@ -13,6 +13,7 @@
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/dependent_launch.cuh"
 #include "backends/cuda/fp8_device.cuh"
+#include "backends/cuda/row_ops.cuh"
 
 namespace entropyinfer::cuda {
 namespace {
@@ -33,20 +34,7 @@ int kind_of(const Fp8Activations& scheme) {
   return kNoQuantization;
 }
 
-// Largest value over a block of blockDim.x threads (a multiple of 32); every thread gets it.
-__device__ float block_max(float value) {
-  __shared__ float partial[32];
-  for (int offset = 16; offset > 0; offset >>= 1)
-    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();
-  if (lane == 0) partial[warp] = value;
-  __syncthreads();
-  value = lane < static_cast<int>(blockDim.x / 32) ? partial[lane] : 0.0f;
-  for (int offset = 16; offset > 0; offset >>= 1)
-    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  return value;
-}
+using row_ops::block_max;
 
 using fp8::e4m3_value;
 using fp8::to_e4m3;
@@ -163,9 +151,23 @@ __device__ __forceinline__ float dot16(const uint4& weights, const uint4& low, c
 // below fp16's largest value (65504).
 constexpr float kGemvInputShift = 1.0f / 256.0f;
 
-// One input row quantized as an FP8 product's input, written as the values its codes stand for
-// times kGemvInputShift (exact in fp16), with its scale: what the FP8 GEMV multiplies. One block;
-// 16-byte loads.
+// Two bf16 values of a product's input quantized with `scale`, as the fp16 values their codes
+// stand for times kGemvInputShift (exact in fp16): what the FP8 GEMV multiplies.
+__device__ __forceinline__ uint32_t gemv_input_pair(uint32_t bf16_pair, float scale) {
+  const float2 values = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bf16_pair));
+  const __half2 halves =
+      __floats2half2_rn(e4m3_value(to_e4m3(__fdiv_rn(values.x, scale))) * kGemvInputShift,
+                        e4m3_value(to_e4m3(__fdiv_rn(values.y, scale))) * kGemvInputShift);
+  return *reinterpret_cast<const uint32_t*>(&halves);
+}
+
+__device__ __forceinline__ float bf16_pair_max_magnitude(uint32_t bf16_pair, float amax) {
+  const float2 values = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bf16_pair));
+  return fmaxf(amax, fmaxf(fabsf(values.x), fabsf(values.y)));
+}
+
+// One input row quantized as an FP8 product's input (gemv_input_pair), with its scale: what the
+// FP8 GEMV multiplies. One block; 16-byte loads.
 __global__ void quantize_row_decoded_kernel(const bf16* x, int64_t width, int kind,
                                             float upper_bound, float static_scale, __half* out,
                                             float* scale_out) {
@@ -182,17 +184,84 @@ __global__ void quantize_row_decoded_kernel(const bf16* x, int64_t width, int ki
     scale = dynamic_scale(block_max(amax), upper_bound);
   }
   for (int64_t i = threadIdx.x; i < words; i += blockDim.x) {
-    uint4 word = input[i];
-    __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&word);
-    __half2* halves = reinterpret_cast<__half2*>(&word);
+    const uint4 word = input[i];
+    output[i] = make_uint4(gemv_input_pair(word.x, scale), gemv_input_pair(word.y, scale),
+                           gemv_input_pair(word.z, scale), gemv_input_pair(word.w, scale));
+  }
+  if (threadIdx.x == 0) *scale_out = scale;
+}
+
+// The RMSNorm of one fp32 row (row_ops::rms_norm_row, the rms_norm kernel's arithmetic), written
+// to `normed`, and those bf16 values quantized as quantize_row_decoded_kernel does: a decode step's
+// norm and its FP8 GEMV's input in one launch instead of two.
+template <int kVectors>
+__global__ void __launch_bounds__(row_ops::kRowNormThreads)
+    rms_norm_quantize_row_kernel(const float* x, const float* weight, int64_t size, float eps,
+                                 int kind, float upper_bound, float static_scale, bf16* normed,
+                                 __half* out, float* scale_out) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
+  uint2 values[kVectors];
+  row_ops::rms_norm_row<kVectors>(x, weight, size, eps, values);
+  const int vectors = static_cast<int>(size / 4);
+  float scale = static_scale;
+  if (kind == kDynamicPerToken) {
+    float amax = 0.0f;  // the zeros past the row change nothing
 #pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const float2 values = __bfloat1622float2(pairs[p]);
-      halves[p] =
-          __floats2half2_rn(e4m3_value(to_e4m3(__fdiv_rn(values.x, scale))) * kGemvInputShift,
-                            e4m3_value(to_e4m3(__fdiv_rn(values.y, scale))) * kGemvInputShift);
-    }
-    output[i] = word;
+    for (int v = 0; v < kVectors; ++v)
+      amax = bf16_pair_max_magnitude(values[v].y, bf16_pair_max_magnitude(values[v].x, amax));
+    scale = dynamic_scale(block_max(amax), upper_bound);
+  }
+  uint2* normed_row = reinterpret_cast<uint2*>(normed);
+  uint2* output = reinterpret_cast<uint2*>(out);
+#pragma unroll
+  for (int v = 0; v < kVectors; ++v) {
+    const int index = threadIdx.x + v * row_ops::kRowNormThreads;
+    if (index >= vectors) break;
+    normed_row[index] = values[v];
+    output[index] =
+        make_uint2(gemv_input_pair(values[v].x, scale), gemv_input_pair(values[v].y, scale));
+  }
+  if (threadIdx.x == 0) *scale_out = scale;
+}
+
+// SwiGLU of one row (gate and up, bf16, row_ops::swiglu_pair), written to `activation`, and those
+// values quantized as quantize_row_decoded_kernel does: one launch instead of two. kChunks 16-byte
+// chunks (eight values) per thread stay in registers between the largest magnitude and the codes.
+constexpr int kSwigluQuantizeThreads = 512;
+
+template <int kChunks>
+__global__ void __launch_bounds__(kSwigluQuantizeThreads)
+    swiglu_quantize_row_kernel(const uint4* gate, const uint4* up, int64_t chunks, int kind,
+                               float upper_bound, float static_scale, uint4* activation, uint4* out,
+                               float* scale_out) {
+  wait_for_prerequisite_grids();
+  allow_dependent_launch();
+  uint4 values[kChunks];
+  float amax = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t index = threadIdx.x + static_cast<int64_t>(c) * kSwigluQuantizeThreads;
+    values[c] = make_uint4(0, 0, 0, 0);
+    if (index >= chunks) continue;
+    const uint4 g = gate[index], u = up[index];
+    const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&g);
+    const __nv_bfloat162* u2 = reinterpret_cast<const __nv_bfloat162*>(&u);
+    __nv_bfloat162* r2 = reinterpret_cast<__nv_bfloat162*>(&values[c]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r2[i] = row_ops::swiglu_pair(g2[i], u2[i]);
+    amax = bf16_max_magnitude(values[c], amax);
+  }
+  const float scale =
+      kind == kDynamicPerToken ? dynamic_scale(block_max(amax), upper_bound) : static_scale;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t index = threadIdx.x + static_cast<int64_t>(c) * kSwigluQuantizeThreads;
+    if (index >= chunks) break;
+    const uint4 word = values[c];
+    activation[index] = word;
+    out[index] = make_uint4(gemv_input_pair(word.x, scale), gemv_input_pair(word.y, scale),
+                            gemv_input_pair(word.z, scale), gemv_input_pair(word.w, scale));
   }
   if (threadIdx.x == 0) *scale_out = scale;
 }
@@ -250,6 +319,16 @@ constexpr int kFp8GemvThreads = 256;
 constexpr int kFp8GemvInFlight = 8;
 constexpr int kQuantizeRowThreads = 512;
 
+// The GEMV from an input row already quantized into `decoded` and `scale`.
+template <typename Out, bool kAccumulate>
+void launch_fp8_gemv_decoded(const __half* decoded, const float* scale, const DeviceMatrix& w,
+                             int64_t in, int64_t out, Out* y, cudaStream_t stream) {
+  const int warps = kFp8GemvThreads / 32;
+  const dim3 grid(static_cast<unsigned>((out + warps - 1) / warps));
+  launch_dependent("FP8 GEMV", fp8_gemv_kernel<Out, kAccumulate, kFp8GemvInFlight>, grid,
+                   dim3(kFp8GemvThreads), 0, stream, decoded, scale, w.codes, w.scales, in, out, y);
+}
+
 // x quantized into `decoded` and `scale`, then the GEMV.
 template <typename Out, bool kAccumulate>
 void launch_fp8_gemv(const bf16* x, const DeviceMatrix& w, int64_t in, int64_t out, Out* y,
@@ -257,10 +336,50 @@ void launch_fp8_gemv(const bf16* x, const DeviceMatrix& w, int64_t in, int64_t o
   launch_dependent("FP8 GEMV input", quantize_row_decoded_kernel, dim3(1),
                    dim3(kQuantizeRowThreads), 0, stream, x, in, kind_of(w.activations),
                    w.activations.upper_bound, w.input_scale, decoded, scale);
-  const int warps = kFp8GemvThreads / 32;
-  const dim3 grid(static_cast<unsigned>((out + warps - 1) / warps));
-  launch_dependent("FP8 GEMV", fp8_gemv_kernel<Out, kAccumulate, kFp8GemvInFlight>, grid,
-                   dim3(kFp8GemvThreads), 0, stream, decoded, scale, w.codes, w.scales, in, out, y);
+  launch_fp8_gemv_decoded<Out, kAccumulate>(decoded, scale, w, in, out, y, stream);
+}
+
+using NormQuantizeKernel = void (*)(const float*, const float*, int64_t, float, int, float, float,
+                                    bf16*, __half*, float*);
+
+// rms_norm_quantize_row_kernel with just enough float4s per thread for a row of `size`, or nullptr
+// when it does not apply (as rms_norm's vector kernel: unaligned operands, or too wide a row).
+NormQuantizeKernel rms_norm_quantize_kernel_for(const float* x, const float* weight, int64_t size,
+                                                const bf16* normed) {
+  const bool aligned = size % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(weight) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(normed) % 8 == 0;
+  if (!aligned) return nullptr;
+  static const std::pair<int, NormQuantizeKernel> kernels[] = {
+      {2, rms_norm_quantize_row_kernel<2>},
+      {4, rms_norm_quantize_row_kernel<4>},
+      {8, rms_norm_quantize_row_kernel<8>},
+      {16, rms_norm_quantize_row_kernel<16>}};
+  for (const auto& [vectors, kernel] : kernels) {
+    if (size <= int64_t{4} * row_ops::kRowNormThreads * vectors) return kernel;
+  }
+  return nullptr;
+}
+
+using SwigluQuantizeKernel = void (*)(const uint4*, const uint4*, int64_t, int, float, float,
+                                      uint4*, uint4*, float*);
+
+// swiglu_quantize_row_kernel with just enough chunks per thread for `width` values, or nullptr.
+SwigluQuantizeKernel swiglu_quantize_kernel_for(const bf16* gate, const bf16* up, int64_t width,
+                                                const bf16* activation) {
+  const bool aligned = width % 8 == 0 && reinterpret_cast<uintptr_t>(gate) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(up) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(activation) % 16 == 0;
+  if (!aligned) return nullptr;
+  static const std::pair<int, SwigluQuantizeKernel> kernels[] = {
+      {1, swiglu_quantize_row_kernel<1>},
+      {2, swiglu_quantize_row_kernel<2>},
+      {4, swiglu_quantize_row_kernel<4>},
+      {8, swiglu_quantize_row_kernel<8>}};
+  for (const auto& [chunks, kernel] : kernels) {
+    if (width <= int64_t{8} * kSwigluQuantizeThreads * chunks) return kernel;
+  }
+  return nullptr;
 }
 
 // Products of a few rows (a small decode batch): y[t][o] (+)= x_scale[t] * w_scale[o] *
@@ -652,6 +771,60 @@ void Blas::linear_fp8(const bf16* x, int64_t tokens, int64_t in, const DeviceMat
   with_output_form(y, fp32_out, accumulate, [&]<typename Out, bool kAccumulate>(Out* out_rows) {
     launch_apply_fp8_scales<Out, kAccumulate>(unscaled, weight_scales, input_scales, tokens, out,
                                               out_rows, y_stride, stream_);
+  });
+}
+
+bool Blas::fp8_gemv_runs(int64_t tokens, int64_t in, const DeviceMatrix& w) {
+  if (tokens != 1 || !gemv_ || !w.fp8() || w.activations.kind == Fp8Activations::Kind::kNone ||
+      in % 16 != 0 || !aligned16(w.codes)) {
+    return false;
+  }
+  const size_t decoded_bytes = static_cast<size_t>(in) * 2;
+  if (fp8_inputs_.size() < decoded_bytes || fp8_input_scales_.size() < 1) {
+    if (stream_capturing(stream_)) return false;  // linear_fp8 names the missing reserve
+    reserve_fp8_inputs(1, in);
+  }
+  return true;
+}
+
+void Blas::normed_linear(const float* x, const float* norm_weight, float eps, bf16* normed,
+                         int64_t tokens, int64_t in, const DeviceMatrix& w, int64_t out, bf16* y) {
+  const NormQuantizeKernel fused = out > 0 && fp8_gemv_runs(tokens, in, w)
+                                       ? rms_norm_quantize_kernel_for(x, norm_weight, in, normed)
+                                       : nullptr;
+  if (fused == nullptr) {
+    rms_norm(x, norm_weight, tokens, in, eps, normed, stream_);
+    linear(normed, tokens, in, w, out, y);
+    return;
+  }
+  auto* decoded = reinterpret_cast<__half*>(fp8_inputs_.data());
+  float* scale = fp8_input_scales_.data();
+  launch_dependent("RMSNorm and FP8 GEMV input", fused, dim3(1), dim3(row_ops::kRowNormThreads), 0,
+                   stream_, x, norm_weight, in, eps, kind_of(w.activations),
+                   w.activations.upper_bound, w.input_scale, normed, decoded, scale);
+  launch_fp8_gemv_decoded<bf16, false>(decoded, scale, w, in, out, y, stream_);
+}
+
+void Blas::swiglu_linear(const bf16* gate, const bf16* up, int64_t tokens, int64_t in,
+                         int64_t in_stride, bf16* activation, const DeviceMatrix& w, int64_t out,
+                         float* y, bool accumulate) {
+  const SwigluQuantizeKernel fused = out > 0 && fp8_gemv_runs(tokens, in, w)
+                                         ? swiglu_quantize_kernel_for(gate, up, in, activation)
+                                         : nullptr;
+  if (fused == nullptr) {
+    swiglu(gate, up, tokens, in, in_stride, activation, stream_);
+    linear(activation, tokens, in, w, out, y, accumulate);
+    return;
+  }
+  auto* decoded = reinterpret_cast<__half*>(fp8_inputs_.data());
+  float* scale = fp8_input_scales_.data();
+  launch_dependent("SwiGLU and FP8 GEMV input", fused, dim3(1), dim3(kSwigluQuantizeThreads), 0,
+                   stream_, reinterpret_cast<const uint4*>(gate),
+                   reinterpret_cast<const uint4*>(up), in / 8, kind_of(w.activations),
+                   w.activations.upper_bound, w.input_scale, reinterpret_cast<uint4*>(activation),
+                   reinterpret_cast<uint4*>(decoded), scale);
+  with_output_form(y, true, accumulate, [&]<typename Out, bool kAccumulate>(Out* out_rows) {
+    launch_fp8_gemv_decoded<Out, kAccumulate>(decoded, scale, w, in, out, out_rows, stream_);
   });
 }
 

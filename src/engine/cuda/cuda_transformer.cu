@@ -856,11 +856,17 @@ struct CudaTransformer::State {
   // hold whatever they held): the last layer of a prompt reads only its last rows' queries.
   void enqueue_qkv_product(Layer& layer, const float* rows, int64_t m, int64_t first_q_row = 0) {
     const ModelConfig& c = config;
-    {
-      const auto timed = stages.scope(Stage::kNorms, stream);
-      rms_norm(rows, layer.attn_norm.data(), m, w.hidden, c.rms_norm_eps, normed.data(), stream);
-    }
-    {
+    if (first_q_row == 0 && !stages.active) {
+      // One launch for the norm and an FP8 GEMV's input where a decode step allows it (the
+      // opt-in breakdown times the norm on its own).
+      const auto timed = stages.scope(Stage::kQkvProduct, stream);
+      blas.normed_linear(rows, layer.attn_norm.data(), c.rms_norm_eps, normed.data(), m, w.hidden,
+                         layer.qkv.matrix(), w.qkv, qkv.data());
+    } else {
+      {
+        const auto timed = stages.scope(Stage::kNorms, stream);
+        rms_norm(rows, layer.attn_norm.data(), m, w.hidden, c.rms_norm_eps, normed.data(), stream);
+      }
       const auto timed = stages.scope(Stage::kQkvProduct, stream);
       if (first_q_row == 0) {
         blas.linear(normed.data(), m, w.hidden, layer.qkv.matrix(), w.qkv, qkv.data());
@@ -894,6 +900,16 @@ struct CudaTransformer::State {
       const auto timed = stages.scope(Stage::kOProduct, stream);
       blas.linear(attention_rows, m, w.q, layer.o.matrix(), w.hidden, rows, /*accumulate=*/true);
       if (c.o_bias) add_bias(rows, layer.o_bias.data(), m, w.hidden, w.hidden, stream);
+    }
+    if (!stages.active) {
+      // The norm and SwiGLU each in one launch with the FP8 GEMV's input where a decode step
+      // allows it (the opt-in breakdown times them on their own).
+      blas.normed_linear(rows, layer.mlp_norm.data(), c.rms_norm_eps, normed.data(), m, w.hidden,
+                         layer.gate_up.matrix(), 2 * w.intermediate, gate_up.data());
+      blas.swiglu_linear(gate_up.data(), gate_up.data() + w.intermediate, m, w.intermediate,
+                         2 * w.intermediate, activation.data(), layer.down.matrix(), w.hidden, rows,
+                         /*accumulate=*/true);
+      return;
     }
     {
       const auto timed = stages.scope(Stage::kNorms, stream);
