@@ -72,22 +72,21 @@ __global__ void rms_norm_vector_kernel(const float* x, const float* weight, int6
 
 using RowNormKernel = void (*)(const float*, const float*, int64_t, float, bf16*, int64_t, int64_t);
 
-// The vector kernel with just enough float4s per thread for contiguous rows of `size`, or nullptr
-// when it does not apply (unaligned operands, or rows wider than 16 float4s per thread).
+// The vector kernel for contiguous rows of `size` (row_ops::rms_norm_row_vectors), or nullptr.
 RowNormKernel rms_norm_vector_kernel_for(const float* x, const float* weight, int64_t size,
                                          const bf16* out) {
-  const bool aligned = size % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(weight) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(out) % 8 == 0;
-  if (!aligned) return nullptr;
-  static const std::pair<int, RowNormKernel> kernels[] = {{2, rms_norm_vector_kernel<2>},
-                                                          {4, rms_norm_vector_kernel<4>},
-                                                          {8, rms_norm_vector_kernel<8>},
-                                                          {16, rms_norm_vector_kernel<16>}};
-  for (const auto& [vectors, kernel] : kernels) {
-    if (size <= int64_t{4} * kRowNormThreads * vectors) return kernel;
+  switch (row_ops::rms_norm_row_vectors(x, weight, size, out)) {
+    case 2:
+      return rms_norm_vector_kernel<2>;
+    case 4:
+      return rms_norm_vector_kernel<4>;
+    case 8:
+      return rms_norm_vector_kernel<8>;
+    case 16:
+      return rms_norm_vector_kernel<16>;
+    default:
+      return nullptr;
   }
-  return nullptr;
 }
 
 int norm_threads(int64_t size) {

@@ -159,6 +159,9 @@ class Blas {
   static void delete_fp8_plan(Fp8Plan* plan);  // where Fp8Plan is complete
   void linear_fp8(const bf16* x, int64_t tokens, int64_t in, const DeviceMatrix& w, int64_t out,
                   void* y, bool fp32_out, bool accumulate, int64_t y_stride);
+  // Whether the FP8 products' input scratch holds `tokens` rows of `in` (fp16 for one token, the
+  // GEMV's input): grows it outside graph capture; false inside one when it is too small.
+  bool fp8_inputs_ready(int64_t tokens, int64_t in);
   // separate_scaling: no scales in the matmul, fp32 output of `out` rows per token (scratch).
   Fp8Plan& fp8_plan_for(int64_t tokens, int64_t in, int64_t out, int64_t y_stride, bool fp32_out,
                         bool separate_scaling, const float* weight_scales,

@@ -342,23 +342,22 @@ void launch_fp8_gemv(const bf16* x, const DeviceMatrix& w, int64_t in, int64_t o
 using NormQuantizeKernel = void (*)(const float*, const float*, int64_t, float, int, float, float,
                                     bf16*, __half*, float*);
 
-// rms_norm_quantize_row_kernel with just enough float4s per thread for a row of `size`, or nullptr
-// when it does not apply (as rms_norm's vector kernel: unaligned operands, or too wide a row).
+// rms_norm_quantize_row_kernel wherever rms_norm runs its vector kernel, with as many float4s per
+// thread (row_ops::rms_norm_row_vectors), so that both compute the same bits; nullptr elsewhere.
 NormQuantizeKernel rms_norm_quantize_kernel_for(const float* x, const float* weight, int64_t size,
                                                 const bf16* normed) {
-  const bool aligned = size % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(weight) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(normed) % 8 == 0;
-  if (!aligned) return nullptr;
-  static const std::pair<int, NormQuantizeKernel> kernels[] = {
-      {2, rms_norm_quantize_row_kernel<2>},
-      {4, rms_norm_quantize_row_kernel<4>},
-      {8, rms_norm_quantize_row_kernel<8>},
-      {16, rms_norm_quantize_row_kernel<16>}};
-  for (const auto& [vectors, kernel] : kernels) {
-    if (size <= int64_t{4} * row_ops::kRowNormThreads * vectors) return kernel;
+  switch (row_ops::rms_norm_row_vectors(x, weight, size, normed)) {
+    case 2:
+      return rms_norm_quantize_row_kernel<2>;
+    case 4:
+      return rms_norm_quantize_row_kernel<4>;
+    case 8:
+      return rms_norm_quantize_row_kernel<8>;
+    case 16:
+      return rms_norm_quantize_row_kernel<16>;
+    default:
+      return nullptr;
   }
-  return nullptr;
 }
 
 using SwigluQuantizeKernel = void (*)(const uint4*, const uint4*, int64_t, int, float, float,
@@ -701,15 +700,9 @@ void Blas::linear_fp8(const bf16* x, int64_t tokens, int64_t in, const DeviceMat
   if (w.activations.kind == Fp8Activations::Kind::kNone) {
     throw Error("FP8 product: weights-only FP8 matrices run widened to bf16 on the GPU");
   }
-  // The GEMV's input is the quantized row's values in fp16: twice the bytes of its codes.
-  const size_t codes =
-      static_cast<size_t>(tokens) * static_cast<size_t>(in) * (tokens == 1 ? 2 : 1);
-  if (fp8_inputs_.size() < codes || fp8_input_scales_.size() < static_cast<size_t>(tokens)) {
-    if (stream_capturing(stream_)) {
-      throw Error("FP8 product: the input scratch for " + std::to_string(tokens) + " rows of " +
-                  std::to_string(in) + " was not reserved before graph capture");
-    }
-    reserve_fp8_inputs(tokens, in);
+  if (!fp8_inputs_ready(tokens, in)) {
+    throw Error("FP8 product: the input scratch for " + std::to_string(tokens) + " rows of " +
+                std::to_string(in) + " was not reserved before graph capture");
   }
   if (tokens == 1 && gemv_) {
     auto* decoded = reinterpret_cast<__half*>(fp8_inputs_.data());
@@ -779,11 +772,18 @@ bool Blas::fp8_gemv_runs(int64_t tokens, int64_t in, const DeviceMatrix& w) {
       in % 16 != 0 || !aligned16(w.codes)) {
     return false;
   }
-  const size_t decoded_bytes = static_cast<size_t>(in) * 2;
-  if (fp8_inputs_.size() < decoded_bytes || fp8_input_scales_.size() < 1) {
-    if (stream_capturing(stream_)) return false;  // linear_fp8 names the missing reserve
-    reserve_fp8_inputs(1, in);
+  return fp8_inputs_ready(1, in);  // where not, linear_fp8 names the missing reserve
+}
+
+bool Blas::fp8_inputs_ready(int64_t tokens, int64_t in) {
+  // The GEMV's input is the quantized row's values in fp16: twice the bytes of its codes.
+  const size_t codes =
+      static_cast<size_t>(tokens) * static_cast<size_t>(in) * (tokens == 1 ? 2 : 1);
+  if (fp8_inputs_.size() >= codes && fp8_input_scales_.size() >= static_cast<size_t>(tokens)) {
+    return true;
   }
+  if (stream_capturing(stream_)) return false;
+  reserve_fp8_inputs(tokens, in);
   return true;
 }
 

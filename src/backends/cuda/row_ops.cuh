@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace entropyinfer::cuda::row_ops {
 
@@ -75,6 +76,21 @@ __device__ __forceinline__ void rms_norm_row(const float* x, const float* weight
     out[v].x = *reinterpret_cast<const unsigned*>(&low);
     out[v].y = *reinterpret_cast<const unsigned*>(&high);
   }
+}
+
+// float4s per thread that rms_norm_row needs for a row of `size`: the fewest of 2, 4, 8 or 16
+// that cover it, or 0 where it does not apply (a size not a multiple of 4, operands not aligned
+// for its float4 loads and 8-byte stores, or a row wider than 16 float4s per thread).
+inline int rms_norm_row_vectors(const float* x, const float* weight, int64_t size,
+                                const void* out) {
+  const bool aligned = size % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(weight) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  if (!aligned) return 0;
+  for (const int vectors : {2, 4, 8, 16}) {
+    if (size <= int64_t{4} * kRowNormThreads * vectors) return vectors;
+  }
+  return 0;
 }
 
 // silu(gate) * up for a pair, rounded to bf16.
