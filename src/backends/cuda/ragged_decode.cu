@@ -8,6 +8,7 @@
 #include "backends/cuda/flash_attention_internal.cuh"
 #include "backends/cuda/fp8_device.cuh"
 #include "backends/cuda/ragged_decode.h"
+#include "backends/cuda/row_ops.cuh"
 
 namespace entropyinfer::cuda {
 namespace {
@@ -211,8 +212,9 @@ __global__ void __launch_bounds__(32) ragged_decode_kernel(const RaggedParams p)
 }
 
 // ------------------------------------------------------------------------------------------------
-// FP8 caches. One warp per (16 query rows, cache entry, split) as above, on 32-key tiles of codes
-// (half the bytes of bf16) and their row scales, four stages deep. Fragments are read straight
+// FP8 caches. One block per (16 query rows, cache entry, split), its warps each running the tile
+// loop above over a share of the split's tiles, on 32-key tiles of codes (half the bytes of bf16)
+// and their row scales, three stages deep. Fragments are read straight
 // from shared memory instead of through ldmatrix: the sums over head dimensions and over keys do
 // not depend on their order, so each lane's elements of an mma fragment are made contiguous bytes
 // by permuting the head dimensions (the queries' fragments permuted alike, the outputs written back
@@ -228,7 +230,16 @@ struct Fp8RaggedTile {
   static constexpr int kTileBytes = kBlockN * kHeadDim;
   static constexpr int kScaleBytes = kBlockN * 4;
   static constexpr int kStageBytes = 2 * kTileBytes + 2 * kScaleBytes;  // K, V codes; their scales
-  static constexpr int kSharedBytes = kStages * kStageBytes;
+  // Warps per block, each with its own stages and a contiguous share of the split's tiles: the
+  // block combines their rows before writing, so a split's partial stands for kWarps warps' keys
+  // and the merge reads a kWarps-th of what one-warp splits would leave it.
+  static constexpr int kWarps = 4;
+  static constexpr int kWarpBytes = kStages * kStageBytes;
+  static constexpr int kSharedBytes = kWarps * kWarpBytes;
+  // The combination's rows ([kWarps][kRows][kCombineStride] floats, then [kWarps][kRows] sums),
+  // in the stage memory once every warp is past its tiles; odd stride against bank conflicts.
+  static constexpr int kCombineStride = kHeadDim + 1;
+  static_assert(kWarps * kRows * (kCombineStride + 1) * 4 <= kSharedBytes);
   // Chunk placement. Keys: a lane reads its D/4 bytes of rows 8j + g, two rows per 8-lane phase;
   // moving odd rows' 128-byte chunks by one spreads them over all banks. Values: the four rows of
   // one lane-quad (keys 2t, 2t + 1, ...) hold the same column, moved by ((row / 2) mod 4) * 2.
@@ -246,7 +257,8 @@ __device__ __forceinline__ uint32_t pack_f16(float low, float high) {
 }
 
 template <int kHeadDim>
-__global__ void __launch_bounds__(32) ragged_decode_fp8_kernel(const RaggedParams p) {
+__global__ void __launch_bounds__(32 * Fp8RaggedTile<kHeadDim>::kWarps)
+    ragged_decode_fp8_kernel(const RaggedParams p) {
   wait_for_prerequisite_grids();
   allow_dependent_launch();
   using Tile = Fp8RaggedTile<kHeadDim>;
@@ -257,6 +269,7 @@ __global__ void __launch_bounds__(32) ragged_decode_fp8_kernel(const RaggedParam
   constexpr int kSteps = kHeadDim / 16;        // k-steps of Q K^T
   constexpr int kLaneKeyBytes = kHeadDim / 4;  // a lane's bytes of a key row
   constexpr int kLaneValueBytes = kHeadDim / 8;
+  constexpr int kWarps = Tile::kWarps;
   extern __shared__ __align__(128) uint8_t shared[];
 
   const int row0 = blockIdx.x * kRows;
@@ -264,16 +277,19 @@ __global__ void __launch_bounds__(32) ragged_decode_fp8_kernel(const RaggedParam
   const int sequence = entry / p.caches;
   const int cache = entry % p.caches;
   const int split = blockIdx.z;
-  const int lane = threadIdx.x;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
   const bf16* q_sequence = p.q + static_cast<int64_t>(sequence) * p.q_stride;
   const int first_head = sequence * p.q_heads;
+  uint8_t* const warp_shared = shared + warp * Tile::kWarpBytes;
 
+  // The warp's share: part split * kWarps + warp of the cache's tiles cut into splits * kWarps.
   const int length = min(max(p.lengths[entry], 0), static_cast<int>(p.cache_stride));
   const int total_blocks = (length + kBlockN - 1) / kBlockN;
-  const int blocks_per_split = (total_blocks + p.splits - 1) / p.splits;
-  const int block_begin = min(total_blocks, split * blocks_per_split);
-  const int block_end = min(total_blocks, block_begin + blocks_per_split);
+  const int parts = p.splits * kWarps;
+  const int blocks_per_part = (total_blocks + parts - 1) / parts;
+  const int block_begin = min(total_blocks, (split * kWarps + warp) * blocks_per_part);
+  const int block_end = min(total_blocks, block_begin + blocks_per_part);
   const int32_t* pages = p.page_tables != nullptr
                              ? p.page_tables + static_cast<int64_t>(entry) * p.max_pages
                              : nullptr;
@@ -287,7 +303,7 @@ __global__ void __launch_bounds__(32) ragged_decode_fp8_kernel(const RaggedParam
   const uint8_t* k_codes = p.k_codes + copy_chunk * 16;
   const uint8_t* v_codes = p.v_codes + copy_chunk * 16;
   auto load_kv = [&](int block, int stage) {
-    const uint32_t k_tile = detail::shared_address(shared + stage * Tile::kStageBytes);
+    const uint32_t k_tile = detail::shared_address(warp_shared + stage * Tile::kStageBytes);
     const uint32_t v_tile = k_tile + Tile::kTileBytes;
     const uint32_t scales = v_tile + Tile::kTileBytes;
     const int64_t first_row =
@@ -353,8 +369,8 @@ __global__ void __launch_bounds__(32) ragged_decode_fp8_kernel(const RaggedParam
     }
     detail::cp_async_commit();
     detail::cp_async_wait<kStages - 1>();
-    __syncthreads();
-    const uint8_t* k_tile = shared + stage * Tile::kStageBytes;
+    __syncwarp();  // the warps of a block run different numbers of tiles
+    const uint8_t* k_tile = warp_shared + stage * Tile::kStageBytes;
     const uint8_t* v_tile = k_tile + Tile::kTileBytes;
     const float* key_scales = reinterpret_cast<const float*>(v_tile + Tile::kTileBytes);
     const float* value_scales = key_scales + kBlockN;
@@ -480,36 +496,59 @@ __global__ void __launch_bounds__(32) ragged_decode_fp8_kernel(const RaggedParam
         }
       }
     }
-    __syncthreads();  // the next iteration's loads overwrite the stage read here
+    __syncwarp();  // the next iteration's loads overwrite the stage read here
   }
   detail::cp_async_wait<0>();
 
-  float inverse_a, inverse_b;  // zeros for an empty cache or split
+  float inverse_a, inverse_b;  // zeros for an empty cache or part
   detail::finish_row_sums(sum_a, sum_b, inverse_a, inverse_b);
+  // Each warp's rows, normalised, and their log2-sum-exp2 go to the stage memory; the block then
+  // weighs its warps as ragged_merge_kernel weighs splits.
+  __syncthreads();  // every warp is past its last tile
+  constexpr int kStride = Tile::kCombineStride;
+  float* const warp_rows = reinterpret_cast<float*>(shared);     // [kWarps][kRows][kStride]
+  float* const warp_lse = warp_rows + kWarps * kRows * kStride;  // [kWarps][kRows]
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int row = row0 + g + 8 * half;
-    if (row >= p.rows) continue;
-    const int head = first_head + query_head_of(p, cache, row);
+    const int r = g + 8 * half;
+    if (row0 + r >= p.rows) continue;
     const float factor = (half == 0 ? inverse_a : inverse_b) * value_reference;
-    const int64_t slot = static_cast<int64_t>(split) * p.total_heads + head;
+    float* const target = warp_rows + (warp * kRows + r) * kStride;
 #pragma unroll
     for (int i = 0; i < kTilesD; ++i) {
 #pragma unroll
       for (int column = 0; column < 2; ++column) {
-        const int dim = (2 * t + column) * kLaneValueBytes + i;
-        const float value = o[i][2 * half + column] * factor;
-        if (p.partial_out == nullptr) {
-          p.out[static_cast<int64_t>(head) * kHeadDim + dim] = __float2bfloat16(value);
-        } else {
-          p.partial_out[slot * kHeadDim + dim] = value;
-        }
+        target[(2 * t + column) * kLaneValueBytes + i] = o[i][2 * half + column] * factor;
       }
     }
-    if (p.partial_out != nullptr && t == 0) {
+    if (t == 0) {
       const float sum = half == 0 ? sum_a : sum_b;
       const float row_max = half == 0 ? max_a : max_b;
-      p.partial_lse[slot] = sum > 0.0f ? row_max + log2f(sum) : -INFINITY;
+      warp_lse[warp * kRows + r] = sum > 0.0f ? row_max + log2f(sum) : -INFINITY;
+    }
+  }
+  __syncthreads();
+  const int rows = min(kRows, p.rows - row0);
+  for (int e = threadIdx.x; e < rows * kHeadDim; e += kWarps * 32) {
+    const int r = e / kHeadDim, dim = e % kHeadDim;
+    float best = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) best = fmaxf(best, warp_lse[w * kRows + r]);
+    float total = 0.0f, value = 0.0f;  // zeros when every warp's share was empty
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = best == -INFINITY ? 0.0f : exp2f(warp_lse[w * kRows + r] - best);
+      total += weight;
+      value += weight * warp_rows[(w * kRows + r) * kStride + dim];
+    }
+    value = total > 0.0f ? value / total : 0.0f;
+    const int head = first_head + query_head_of(p, cache, row0 + r);
+    if (p.partial_out == nullptr) {
+      p.out[static_cast<int64_t>(head) * kHeadDim + dim] = __float2bfloat16(value);
+    } else {
+      const int64_t slot = static_cast<int64_t>(split) * p.total_heads + head;
+      p.partial_out[slot * kHeadDim + dim] = value;
+      if (dim == 0) p.partial_lse[slot] = total > 0.0f ? best + log2f(total) : -INFINITY;
     }
   }
 }
@@ -519,39 +558,31 @@ __global__ void __launch_bounds__(32) ragged_decode_fp8_kernel(const RaggedParam
 constexpr int kMergeParts = 4;
 
 // One block of kMergeParts * head_dim threads per query head: out = sum_s 2^(lse_s - max) O_s /
-// sum_s 2^(lse_s
-// - max), zeros when every split was empty (an empty cache).
+// sum_s 2^(lse_s - max), zeros when every split was empty (an empty cache).
 __global__ void ragged_merge_kernel(const float* partial_out, const float* partial_lse, int splits,
                                     int q_heads, int head_dim, bf16* out) {
   wait_for_prerequisite_grids();
   allow_dependent_launch();
   extern __shared__ float weights[];  // [splits], then the parts' sums [kMergeParts][head_dim]
   float* part_sums = weights + splits;
-  __shared__ float total;
   const int head = blockIdx.x;
-  if (threadIdx.x < 32) {
-    float best = -INFINITY;
-    for (int s = threadIdx.x; s < splits; s += 32) {
-      best = fmaxf(best, partial_lse[static_cast<int64_t>(s) * q_heads + head]);
-    }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, offset));
-    }
-    float sum = 0.0f;
-    for (int s = threadIdx.x; s < splits; s += 32) {
-      const float lse = partial_lse[static_cast<int64_t>(s) * q_heads + head];
-      const float weight = best == -INFINITY ? 0.0f : exp2f(lse - best);  // 0 for empty splits
-      weights[s] = weight;
-      sum += weight;
-    }
-    for (int offset = 16; offset > 0; offset >>= 1)
-      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (threadIdx.x == 0) total = sum;
+  // Every thread loads at most a few of the sums at once, rather than one warp a chain of them.
+  float best = -INFINITY;
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+    weights[s] = partial_lse[static_cast<int64_t>(s) * q_heads + head];
+    best = fmaxf(best, weights[s]);
   }
-  __syncthreads();
+  best = row_ops::block_max(best);
+  float sum = 0.0f;
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+    weights[s] = best == -INFINITY ? 0.0f : exp2f(weights[s] - best);  // 0 for empty splits
+    sum += weights[s];
+  }
+  const float total = row_ops::block_sum(sum);  // its barriers publish the weights
   const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
   const int e = threadIdx.x % head_dim, part = threadIdx.x / head_dim;
   float value = 0.0f;  // an empty split's partial output is zeros with weight 0
+#pragma unroll 4
   for (int s = part; s < splits; s += kMergeParts) {
     value += weights[s] * partial_out[(static_cast<int64_t>(s) * q_heads + head) * head_dim + e];
   }
@@ -762,6 +793,7 @@ struct DecodeKernel {
       kFp8 ? ragged_decode_fp8_kernel<kHeadDim> : ragged_decode_kernel<kHeadDim>;
   static constexpr int shared_bytes =
       kFp8 ? Fp8RaggedTile<kHeadDim>::kSharedBytes : RaggedTile<kHeadDim>::kSharedBytes;
+  static constexpr int threads = kFp8 ? 32 * Fp8RaggedTile<kHeadDim>::kWarps : 32;
 };
 
 template <int kHeadDim, bool kFp8>
@@ -782,7 +814,7 @@ int blocks_per_multiprocessor() {
   static const int blocks = [] {
     configure_kernel<kHeadDim, kFp8>();
     int count = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, Kernel::function, 32,
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, Kernel::function, Kernel::threads,
                                                         Kernel::shared_bytes),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     return std::max(1, count);
@@ -802,7 +834,7 @@ void launch_decode(const RaggedParams& params, int64_t caches, int64_t blocks_x,
   configure_kernel<kHeadDim, kFp8>();
   const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(caches), params.splits);
   launch_dependent(kFp8 ? "ragged_decode_fp8_kernel" : "ragged_decode_kernel", Kernel::function,
-                   grid, dim3(32), Kernel::shared_bytes, stream, params);
+                   grid, dim3(Kernel::threads), Kernel::shared_bytes, stream, params);
 }
 
 }  // namespace

@@ -10,8 +10,9 @@
 // Decoding is split-KV like flash_decode: one warp per (cache, split, 16 query rows) streams 32-key
 // tiles four stages deep with cp.async and mma.sync; each split covers an equal share of its own
 // cache's length, writes fp32 partial outputs and their log-sum-exp, and a second kernel merges the
-// splits. Softmax in fp32, P rounded to bf16 for P*V, output bf16. paged_decode runs the same
-// kernels over many sequences' caches held in pages.
+// splits. Softmax in fp32, P rounded to bf16 for P*V, output bf16. Over FP8 caches a split is a
+// block of four warps, each taking a quarter of its tiles, combined in the block before the split
+// is written. paged_decode runs the same kernels over many sequences' caches held in pages.
 #pragma once
 
 #include <cstdint>
