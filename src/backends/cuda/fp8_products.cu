@@ -270,16 +270,20 @@ __global__ void __launch_bounds__(kSwigluQuantizeThreads)
 // the quantized input's values times kGemvInputShift (quantize_row_decoded_kernel).
 // The weights are requested before waiting for the kernel that writes x, and stream through with
 // 16-byte loads (16 codes) that skip L1; x (small, shared by all rows) stays cached.
-template <typename Out, bool kAccumulate, int kInFlight>
-__global__ void fp8_gemv_kernel(const __half* __restrict__ x, const float* __restrict__ x_scale,
+// With kQuantizes, x is the bf16 row itself: every block quantizes it into shared memory as
+// quantize_row_decoded_kernel would (the same scale and values), which spares a decode step the
+// launch of that kernel for products whose input no other kernel prepares.
+template <typename Out, bool kAccumulate, int kInFlight, bool kQuantizes>
+__global__ void fp8_gemv_kernel(const void* __restrict__ x, const float* __restrict__ x_scale,
                                 const uint8_t* __restrict__ w, const float* __restrict__ w_scales,
-                                int64_t in, int64_t out, Out* __restrict__ y) {
+                                int64_t in, int64_t out, Out* __restrict__ y, int kind,
+                                float upper_bound, float static_scale) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= out) return;
-  const uint4* weights = reinterpret_cast<const uint4*>(w + row * in);
-  const uint4* input = reinterpret_cast<const uint4*>(x);
-  const int64_t chunks = in / 16;
+  // Rows past the end still take part in the block's quantization below.
+  const bool has_row = row < out;
+  const uint4* weights = reinterpret_cast<const uint4*>(w + (has_row ? row : 0) * in);
+  const int64_t chunks = has_row ? in / 16 : 0;
   int64_t c = lane;
   uint4 w_chunk[kInFlight];
   bool full = c + 32 * (kInFlight - 1) < chunks;
@@ -289,12 +293,41 @@ __global__ void fp8_gemv_kernel(const __half* __restrict__ x, const float* __res
   }
   wait_for_prerequisite_grids();
   allow_dependent_launch();
+  const uint4* input = reinterpret_cast<const uint4*>(x);
+  float scale;
+  if constexpr (kQuantizes) {
+    extern __shared__ uint4 decoded_row[];  // in / 8 chunks of fp16 values
+    const int64_t words = in / 8;
+    scale = static_scale;
+    if (kind == kDynamicPerToken) {
+      float amax = 0.0f;
+      for (int64_t i = threadIdx.x; i < words; i += blockDim.x)
+        amax = bf16_max_magnitude(input[i], amax);
+      scale = dynamic_scale(block_max(amax), upper_bound);
+    }
+    for (int64_t i = threadIdx.x; i < words; i += blockDim.x) {
+      const uint4 word = input[i];
+      decoded_row[i] = make_uint4(gemv_input_pair(word.x, scale), gemv_input_pair(word.y, scale),
+                                  gemv_input_pair(word.z, scale), gemv_input_pair(word.w, scale));
+    }
+    __syncthreads();
+    input = decoded_row;
+  } else {
+    scale = *x_scale;
+  }
+  const auto input_chunk = [&](int64_t index) {
+    if constexpr (kQuantizes) {
+      return input[index];
+    } else {
+      return __ldg(input + index);
+    }
+  };
   float sum = 0.0f;
   while (full) {
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) {
       const int64_t chunk = c + 32 * u;
-      sum += dot16(w_chunk[u], __ldg(input + 2 * chunk), __ldg(input + 2 * chunk + 1));
+      sum += dot16(w_chunk[u], input_chunk(2 * chunk), input_chunk(2 * chunk + 1));
     }
     c += 32 * kInFlight;
     full = c + 32 * (kInFlight - 1) < chunks;
@@ -303,11 +336,20 @@ __global__ void fp8_gemv_kernel(const __half* __restrict__ x, const float* __res
       for (int u = 0; u < kInFlight; ++u) w_chunk[u] = __ldcs(weights + c + 32 * u);
     }
   }
-  for (; c < chunks; c += 32)
-    sum += dot16(__ldcs(weights + c), __ldg(input + 2 * c), __ldg(input + 2 * c + 1));
+  // The last chunks (fewer than kInFlight per lane) requested together, not one round trip each.
+#pragma unroll
+  for (int u = 0; u < kInFlight - 1; ++u) {
+    w_chunk[u] = c + 32 * u < chunks ? __ldcs(weights + c + 32 * u) : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int u = 0; u < kInFlight - 1; ++u) {
+    const int64_t chunk = c + 32 * u;
+    if (chunk < chunks)
+      sum += dot16(w_chunk[u], input_chunk(2 * chunk), input_chunk(2 * chunk + 1));
+  }
   for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (lane != 0) return;
-  const float value = sum * (*x_scale * (1.0f / kGemvInputShift)) * w_scales[row];
+  if (lane != 0 || !has_row) return;
+  const float value = sum * (scale * (1.0f / kGemvInputShift)) * w_scales[row];
   if constexpr (std::is_same_v<Out, float>) {
     y[row] = kAccumulate ? y[row] + value : value;
   } else {
@@ -318,21 +360,37 @@ __global__ void fp8_gemv_kernel(const __half* __restrict__ x, const float* __res
 constexpr int kFp8GemvThreads = 256;
 constexpr int kFp8GemvInFlight = 8;
 constexpr int kQuantizeRowThreads = 512;
+// The widest input a GEMV block quantizes into its own shared memory (fp16 values, 2 bytes each).
+constexpr int64_t kGemvQuantizedInputMax = 8192;
+
+dim3 fp8_gemv_grid(int64_t out) {
+  const int warps = kFp8GemvThreads / 32;
+  return dim3(static_cast<unsigned>((out + warps - 1) / warps));
+}
 
 // The GEMV from an input row already quantized into `decoded` and `scale`.
 template <typename Out, bool kAccumulate>
 void launch_fp8_gemv_decoded(const __half* decoded, const float* scale, const DeviceMatrix& w,
                              int64_t in, int64_t out, Out* y, cudaStream_t stream) {
-  const int warps = kFp8GemvThreads / 32;
-  const dim3 grid(static_cast<unsigned>((out + warps - 1) / warps));
-  launch_dependent("FP8 GEMV", fp8_gemv_kernel<Out, kAccumulate, kFp8GemvInFlight>, grid,
-                   dim3(kFp8GemvThreads), 0, stream, decoded, scale, w.codes, w.scales, in, out, y);
+  launch_dependent("FP8 GEMV", fp8_gemv_kernel<Out, kAccumulate, kFp8GemvInFlight, false>,
+                   fp8_gemv_grid(out), dim3(kFp8GemvThreads), 0, stream,
+                   static_cast<const void*>(decoded), scale, w.codes, w.scales, in, out, y,
+                   kNoQuantization, 0.0f, 0.0f);
 }
 
-// x quantized into `decoded` and `scale`, then the GEMV.
+// The GEMV of the bf16 row x: quantized by each block where it fits in shared memory, else by
+// quantize_row_decoded_kernel into `decoded` and `scale` first.
 template <typename Out, bool kAccumulate>
 void launch_fp8_gemv(const bf16* x, const DeviceMatrix& w, int64_t in, int64_t out, Out* y,
                      __half* decoded, float* scale, cudaStream_t stream) {
+  if (in <= kGemvQuantizedInputMax) {
+    launch_dependent(
+        "FP8 GEMV quantizing its input", fp8_gemv_kernel<Out, kAccumulate, kFp8GemvInFlight, true>,
+        fp8_gemv_grid(out), dim3(kFp8GemvThreads), sizeof(__half) * in, stream,
+        static_cast<const void*>(x), static_cast<const float*>(nullptr), w.codes, w.scales, in, out,
+        y, kind_of(w.activations), w.activations.upper_bound, w.input_scale);
+    return;
+  }
   launch_dependent("FP8 GEMV input", quantize_row_decoded_kernel, dim3(1),
                    dim3(kQuantizeRowThreads), 0, stream, x, in, kind_of(w.activations),
                    w.activations.upper_bound, w.input_scale, decoded, scale);
