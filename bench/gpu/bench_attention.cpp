@@ -1,7 +1,7 @@
 // Attention kernels at long lengths: causal prefill TFLOP/s of each in-house kernel (FLOPs counted
 // as 4 * n^2 * head_dim * q_heads / 2, the causal half, as for the torch SDPA reference), and
-// split-KV decode of one token over an n-token cache in GB/s of K/V read, next to the device copy
-// bandwidth.
+// split-KV decode of one token over an n-token cache (bf16, and the FP8 cache) in GB/s of K/V
+// read, next to the device copy bandwidth.
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -10,6 +10,8 @@
 
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/flash_attention.h"
+#include "backends/cuda/kv_cache_fp8.h"
+#include "backends/cuda/ragged_decode.h"
 #include "bench_common.h"
 
 namespace entropyinfer::bench {
@@ -88,6 +90,45 @@ int run_attention_bench(int argc, char** argv) {
                                 {"fraction_of_copy", gbps / copy_gbps}});
     std::cout << "decode n=" << n << " splits=" << splits << ": " << timing.median_ms * 1e3
               << " us, " << gbps << " GB/s of K/V (" << 100.0 * gbps / copy_gbps << "% of copy)\n";
+
+    // The same decode over the FP8 cache (ragged_decode with equal lengths), its bytes being the
+    // codes and one scale per row of keys and of values.
+    {
+      cuda::DeviceBuffer<uint8_t> key_codes(inputs.kv_count), value_codes(inputs.kv_count);
+      const size_t rows = static_cast<size_t>(dims.kv_heads) * n;
+      cuda::DeviceBuffer<float> key_scales(rows), value_scales(rows);
+      cuda::DeviceBuffer<int32_t> lengths(static_cast<size_t>(dims.kv_heads));
+      const cuda::Fp8KvCache cache{key_codes.data(), value_codes.data(), key_scales.data(),
+                                   value_scales.data()};
+      cuda::quantize_kv_rows(inputs.k.data(), inputs.v.data(), dims.kv_heads, n, dims.head_dim, 0,
+                             n, cache, lengths.data(), stream);
+      cuda::RaggedShape ragged;
+      ragged.q_heads = dims.q_heads;
+      ragged.kv_heads = dims.kv_heads;
+      ragged.head_dim = dims.head_dim;
+      ragged.cache_stride = n;
+      ragged.max_length = n;
+      ragged.fp8 = true;
+      const int fp8_splits = cuda::ragged_decode_splits(ragged);
+      cuda::DeviceBuffer<float> fp8_workspace(
+          std::max<size_t>(1, cuda::ragged_decode_workspace_floats(ragged, fp8_splits)));
+      const Timing fp8_timing = time_runs(
+          [&] {
+            cuda::ragged_decode(inputs.q.data(), cache, lengths.data(), ragged, inputs.out.data(),
+                                fp8_workspace.data(), fp8_workspace.size(), stream, fp8_splits);
+          },
+          stream, 3, 20, 200, 300);
+      const double fp8_bytes = static_cast<double>(rows) * 2.0 * (dims.head_dim + sizeof(float));
+      const double fp8_gbps = fp8_bytes / (fp8_timing.median_ms * 1e-3) / 1e9;
+      report["decode_fp8"].push_back({{"context", n},
+                                      {"splits", fp8_splits},
+                                      {"median_us", fp8_timing.median_ms * 1e3},
+                                      {"kv_gbps", fp8_gbps},
+                                      {"fraction_of_copy", fp8_gbps / copy_gbps}});
+      std::cout << "decode FP8 cache n=" << n << " splits=" << fp8_splits << ": "
+                << fp8_timing.median_ms * 1e3 << " us, " << fp8_gbps << " GB/s of K/V ("
+                << 100.0 * fp8_gbps / copy_gbps << "% of copy)\n";
+    }
   }
   if (!json_path.empty()) {
     std::ofstream file(json_path);
