@@ -17,6 +17,9 @@
 #                  exactly (one number or one per protocol, no probe); PROTOCOL_FIRST_SAMPLES (one per
 #                  protocol, default 0) runs a shard that `entropyinfer eval-report` merges with the
 #                  others; carry .cache/assets-text
+#   smpartition    bench/gpu/sm_partition_probe.cu: a memory stream on SM_PARTITION_COUNTS
+#                  multiprocessors (default "16 24 32 48") beside bf16 GEMMs on the rest, green
+#                  contexts, against both on the whole GPU one after the other
 #   fp8scales      bench/gpu/fp8_scale_modes_probe.cu: cuBLASLt's FP8 matmul at FP8_SCALE_ROWS rows
 #                  (default "16 32 64") with per-row scales, swapped, and unscaled + a scaling kernel
 #   GEMM_ARGS      more flags for the gemm step (e.g. "--tokens 16,32,64")
@@ -442,6 +445,21 @@ if [[ "${steps}" == *",fp8scales,"* ]]; then
       tee -a "${log}" || step_failed "FP8 scale-mode probe"
   else
     step_failed "FP8 scale-mode probe build"
+  fi
+fi
+
+if [[ "${steps}" == *",smpartition,"* ]]; then
+  # A memory stream on a few multiprocessors beside GEMMs on the rest (green contexts; a
+  # standalone probe): what running a decode step beside a prefill slice could gain.
+  section smpartition
+  mkdir -p "${build}"
+  if nvcc -O2 -std=c++17 -arch=sm_90a -o "${build}/sm_partition_probe" \
+    "${repo_root}/bench/gpu/sm_partition_probe.cu" -lcublas -lcuda 2>&1 | tee -a "${log}"; then
+    # shellcheck disable=SC2086
+    timeout -k 10 180 "${build}/sm_partition_probe" ${SM_PARTITION_COUNTS:-16 24 32 48} 2>&1 |
+      tee -a "${log}" || step_failed "SM partition probe"
+  else
+    step_failed "SM partition probe build"
   fi
 fi
 
