@@ -2,7 +2,8 @@
 // or FP8 projections with --weights fp8; a bf16 or, with --kv-cache fp8, FP8 cache; batch 1):
 // prefill seconds and prompt tokens/s at each prompt length, decode ms/token at each context with
 // its memory-bandwidth floor (weight bytes read per token plus the K/V bytes, over the device copy
-// bandwidth measured in the same run), and the GPU memory in use.
+// bandwidth measured in the same run), and the GPU memory in use. --kernel-trace FILE also
+// records the kernels of a few decode steps per context as they run (kernel_trace.h) into FILE.
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -13,6 +14,7 @@
 #include "backends/cuda/cuda_ops.h"
 #include "bench_common.h"
 #include "engine/cuda/cuda_transformer.h"
+#include "kernel_trace.h"
 #include "model/random_model.h"
 
 namespace entropyinfer::bench {
@@ -22,6 +24,7 @@ int run_model_bench(int argc, char** argv) {
   std::vector<int64_t> prefill_lengths = {16384, 32768, 65536, 131072};
   std::vector<int64_t> decode_contexts = {32768, 131072};
   int decode_tokens = 32, chunk_tokens = 16384;
+  std::string kernel_trace_path;
   bool fp8 = false, fp8_cache = false;
   for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {
     if (flag == "--shape") {
@@ -42,6 +45,8 @@ int run_model_bench(int argc, char** argv) {
       fp8_cache = value == "fp8";
     } else if (flag == "--json") {
       json_path = value;
+    } else if (flag == "--kernel-trace") {
+      kernel_trace_path = value;
     } else {
       return false;
     }
@@ -54,6 +59,9 @@ int run_model_bench(int argc, char** argv) {
   report["chunk_tokens"] = chunk_tokens;
   const double copy_gbps = cuda::measure_copy_bandwidth().median_bytes_per_second / 1e9;
   report["copy_bandwidth_gbps"] = copy_gbps;
+
+  // Before the model captures its decode graph, so that the graph's kernels are recorded too.
+  if (!kernel_trace_path.empty()) enable_kernel_trace();
 
   cuda::CudaModelOptions options;
   options.chunk_tokens = chunk_tokens;
@@ -111,10 +119,24 @@ int run_model_bench(int argc, char** argv) {
     model.reset();
     int32_t token = model.forward_greedy(random_prompt(prefix, config.vocab_size, 3));
     std::vector<double> times;
+    // With --kernel-trace the last few steps are traced instead of timed.
+    const int traced_steps = kernel_trace_path.empty() ? 0 : std::min(4, decode_tokens / 2);
+    std::vector<std::vector<KernelRecord>> traces;
     for (int step = 0; step < decode_tokens; ++step) {
+      if (step >= decode_tokens - traced_steps) {
+        traces.push_back(trace_kernels(
+            [&] { token = model.forward_greedy(std::span<const int32_t>(&token, 1)); }));
+        continue;
+      }
       const auto start = std::chrono::steady_clock::now();
       token = model.forward_greedy(std::span<const int32_t>(&token, 1));
       times.push_back(seconds_since(start));
+    }
+    if (!traces.empty()) {
+      std::cout << "kernels of a decode step at " << context << ":\n";
+      nlohmann::json summary = summarize_kernel_traces(traces, std::cout);
+      summary["context"] = context;
+      report["decode_kernels"].push_back(summary);
     }
     std::sort(times.begin(), times.end());
     const double median_ms = 1e3 * times[times.size() / 2];
@@ -192,6 +214,10 @@ int run_model_bench(int argc, char** argv) {
   if (!json_path.empty()) {
     std::ofstream file(json_path);
     file << report.dump(2) << "\n";
+  }
+  if (!kernel_trace_path.empty()) {
+    std::ofstream file(kernel_trace_path);
+    file << report["decode_kernels"].dump(2) << "\n";
   }
   return 0;
 }

@@ -57,6 +57,8 @@ target_compile_options(entropyinfer_gpu_bench PRIVATE ${ENTROPYINFER_WARNINGS})
 target_link_libraries(entropyinfer_gpu_bench PRIVATE entropyinfer_cuda nlohmann_json::nlohmann_json)
 # The serving benchmark drives the scheduler, which names executors through the engine library.
 target_link_libraries(entropyinfer_gpu_bench PRIVATE entropyinfer_engine)
+# --kernel-trace loads CUPTI at run time (bench/gpu/kernel_trace.cpp).
+target_link_libraries(entropyinfer_gpu_bench PRIVATE ${CMAKE_DL_LIBS})
 
 # The command-line tool runs on the GPU too (`entropyinfer bench --device cuda`).
 target_link_libraries(entropyinfer PRIVATE entropyinfer_cuda)
