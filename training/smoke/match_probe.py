@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""Which needle formats can a small model learn to match keys in? A study on token ids.
+
+The training rounds (runs/2026-11-29.md, rounds 5-9) copied single needles within about 1,000
+steps but never matched a key among several needles, neither through "What is the secret of KEY?
+It is" nor through the needle's own opening "The secret of KEY is". This probe takes the text,
+the tokenizer and the data workers out: every word is one id of a small vocabulary, the haystack
+is random filler ids, and the model is train.CausalLM, so what is left is the format, the depth
+and the optimiser. It prints the answer accuracy of each window next to what elimination alone scores (answering
+each question with any value not yet given: 1/n, 1/(n-1), ... for the n needles drawn), and by
+needle count, so key matching shows as accuracy far above that baseline.
+It runs on the GPU when torch has one (scripts/gpu_round.sh, step matchprobe), else on the CPU
+(Debian's torch: --hidden 64 --length 64 runs about 8 steps a second on one core).
+
+Formats (--format):
+  question  needle "the secret of K is V ." ; question "what is the secret of K ? it is" -> V
+  recall    the same needles; question "the secret of K is" -> V
+  adjacent  needle "K V ." ; question "K" -> V (associative recall: one induction step)
+
+  /usr/bin/python3 training/smoke/match_probe.py --format recall --layers 2 --seconds 300
+"""
+import argparse
+import contextlib
+import math
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import train  # noqa: E402
+
+# Word ids: structure words first, then filler, keys and values (disjoint ranges).
+PAD, BOS, THE, SECRET, OF, IS, DOT, WHAT, QMARK, IT, NEWLINE = range(11)
+FILLER = range(16, 16 + 96)
+KEYS = range(112, 112 + 72)
+VALUES = range(184, 184 + 72)
+VOCAB = 256
+
+
+def needle(fmt, key, value):
+    return [key, value, DOT] if fmt == "adjacent" else [THE, SECRET, OF, key, IS, value, DOT]
+
+
+def question(fmt, key):
+    if fmt == "adjacent":
+        return [NEWLINE, key]
+    if fmt == "recall":
+        return [NEWLINE, THE, SECRET, OF, key, IS]
+    return [NEWLINE, WHAT, IS, THE, SECRET, OF, key, QMARK, IT, IS]
+
+
+def make_sample(rng, fmt, length, min_needles, max_needles, questions):
+    """(ids, positions of the answer ids, needle count): at most `length` ids, BOS first."""
+    n = rng.randint(min_needles, max_needles)
+    keys = rng.sample(KEYS, n)
+    values = rng.sample(VALUES, n)
+    asked = rng.sample(range(n), min(questions, n))
+    tail = []
+    answer_at = []
+    for i in asked:
+        tail += question(fmt, keys[i])
+        answer_at.append(len(tail))
+        tail += [values[i], DOT]
+    body_len = length - 1 - len(tail)
+    needles = [needle(fmt, keys[i], values[i]) for i in range(n)]
+    filler = body_len - sum(len(x) for x in needles)
+    if filler < 0:
+        raise ValueError("needles do not fit; lower --max-needles")
+    cuts = sorted(rng.randint(0, filler) for _ in range(n))
+    body, last = [], 0
+    for cut, ids in zip(cuts, needles):
+        body += [rng.choice(FILLER) for _ in range(cut - last)] + ids
+        last = cut
+    body += [rng.choice(FILLER) for _ in range(filler - last)]
+    ids = [BOS] + body + tail
+    answers = [1 + len(body) + a for a in answer_at]
+    return ids, answers, n
+
+
+def looped_attention(q, k, v, causal):
+    """train.attention for Debian's CPU torch, whose batched matmul runs about 40x slower than a
+    loop of 2-D products (no MKL)."""
+    b, h, t, d = q.shape
+    mask = torch.ones(t, t, dtype=torch.bool).triu(1) if causal else None
+    q, k, v = (x.reshape(b * h, t, d) for x in (q, k, v))
+    rows = []
+    for qi, ki, vi in zip(q, k, v):
+        scores = (qi @ ki.t()) / math.sqrt(d)
+        if mask is not None:
+            scores = scores.masked_fill(mask, float("-inf"))
+        rows.append(scores.softmax(-1) @ vi)
+    return torch.stack(rows).view(b, h, t, d)
+
+
+def make_repeat_sample(rng, length, alphabet):
+    """A random passage over `alphabet` filler ids, then the same passage again: every id of the
+    second copy is predictable by matching what came before it, and with a small alphabet only a
+    match on several ids is unambiguous (how induction heads form on repeated text)."""
+    half = (length - 1) // 2
+    passage = [FILLER[rng.randrange(alphabet)] for _ in range(half)]
+    return [BOS] + passage + passage, list(range(1 + half + 1, 1 + 2 * half))
+
+
+def elimination_hits(needles, questions):
+    """Expected right answers of a model that matches no key but answers each question with a
+    value not yet given as an answer: 1/n, then 1/(n-1), ... (the questions are answered in turn)."""
+    return sum(1 / (needles - j) for j in range(min(questions, needles)))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--format", choices=["question", "recall", "adjacent"], default="question")
+    p.add_argument("--seconds", type=float, default=300)
+    p.add_argument("--length", type=int, default=128)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--min-needles", type=int, default=2)
+    p.add_argument("--max-needles", type=int, default=6)
+    p.add_argument("--questions", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--rope-theta", type=float, default=1e6)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--lm-weight", type=float, default=0.0,
+                   help="weight of the next-token loss on every non-answer id (the needles' words are predictable)")
+    p.add_argument("--repeat-share", type=float, default=0.0,
+                   help="share of the batch that is a repeated random passage (loss on its second copy)")
+    p.add_argument("--repeat-alphabet", type=int, default=16, help="filler ids a repeated passage draws from")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--report-seconds", type=float, default=20)
+    p.add_argument("--sweep", default="",
+                   help="run one probe per ';'-separated set of extra arguments, each for --seconds, and "
+                        "print a table last, e.g. '--format recall;--format question --layers 4'")
+    return p.parse_args(argv)
+
+
+def run_probe(a, label=""):
+    """Train one model; returns (steps, final window accuracy, its elimination baseline, first step above)."""
+    torch.manual_seed(a.seed)
+    rng = random.Random(a.seed)
+    cfg = dict(vocab=VOCAB, hidden=a.hidden, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads,
+               head_dim=a.hidden // a.heads, intermediate=3 * a.hidden, rope_theta=a.rope_theta,
+               max_position=a.length, rms_norm_eps=1e-5)
+    model = train.CausalLM(cfg, a.length).to(a.device)
+    model.init_weights()
+    optimizer = train.make_optimizer(model, {"lr": a.lr, "weight_decay": 0.1}, a.device)
+    cuda = a.device.startswith("cuda")
+    print(f"{label}format {a.format}, {a.layers} layers x {a.hidden}, {sum(x.numel() for x in model.parameters())} "
+          f"parameters, {a.min_needles}-{a.max_needles} needles in {a.length} ids, {a.device}"
+          + (f", {a.repeat_share:.0%} repeated passages over {a.repeat_alphabet} ids" if a.repeat_share else ""),
+          flush=True)
+    start = last = time.time()
+    step = 0
+    hits = count = chance = 0.0
+    by_needles = torch.zeros(2, a.max_needles + 1)  # right answers and answers, by needle count
+    accuracy = base = 0.0
+    first_above = None
+    while time.time() - start < a.seconds:
+        batch, answer_pos, needles = [], [], []
+        repeats = round(a.batch * a.repeat_share)
+        for row in range(a.batch):
+            if row < repeats:
+                ids, answers = make_repeat_sample(rng, a.length, a.repeat_alphabet)
+            else:
+                ids, answers, n = make_sample(rng, a.format, a.length, a.min_needles, a.max_needles, a.questions)
+                needles.append(n)
+            batch.append(ids + [PAD] * (a.length - len(ids)))
+            answer_pos.append(answers)
+        x = torch.tensor(batch)
+        answer_mask = torch.zeros(x.shape, dtype=torch.bool)
+        for row, answers in enumerate(answer_pos):
+            for pos in answers:
+                answer_mask[row, pos - 1] = True  # the logits at pos - 1 predict the id at pos
+        x, answer_mask = x.to(a.device), answer_mask.to(a.device)
+        inputs, targets = x[:, :-1], x[:, 1:]
+        answer_mask = answer_mask[:, :-1]
+        lm_mask = (~answer_mask) & (targets != PAD)
+        progress = (time.time() - start) / a.seconds
+        lr = a.lr * min(1.0, (step + 1) / a.warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        with torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext():
+            logits = model(inputs)
+        ce = F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1), reduction="none")
+        ce = ce.view(targets.shape)
+        needle_rows = torch.arange(answer_mask.shape[0], device=a.device).unsqueeze(1) >= repeats
+        answer_loss = ce[answer_mask & needle_rows].mean()
+        loss = answer_loss + a.lm_weight * ce[lm_mask].mean()
+        if repeats:  # its own mean, so that the needles' few answers are not outweighed
+            loss = loss + ce[answer_mask & ~needle_rows].mean()
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        row_needles = torch.tensor(needles).unsqueeze(1).expand(-1, targets.shape[1])
+        right = (logits.argmax(-1) == targets)[repeats:][answer_mask[repeats:]]
+        answer_needles = row_needles[answer_mask[repeats:].cpu()]
+        by_needles[0] += torch.bincount(answer_needles, weights=right.float().cpu(), minlength=a.max_needles + 1)
+        by_needles[1] += torch.bincount(answer_needles, minlength=a.max_needles + 1).float()
+        hits += right.float().sum().item()
+        count += right.numel()
+        chance += sum(elimination_hits(n, a.questions) for n in needles)
+        if time.time() - last >= a.report_seconds:
+            accuracy, base = hits / count, chance / count
+            if first_above is None and accuracy > (1 + base) / 2:  # halfway from elimination to 1
+                first_above = step
+            print(f"{label}{time.time() - start:6.1f}s step {step:6d} lr {lr:.1e} answer loss "
+                  f"{answer_loss.item():.3f} accuracy {accuracy:.3f} (elimination {base:.3f}; by needles "
+                  + " ".join(f"{n}: {r / m:.2f}" for n, (r, m) in enumerate(by_needles.t().tolist()) if m)
+                  + ")", flush=True)
+            hits = count = chance = 0.0
+            by_needles.zero_()
+            last = time.time()
+    print(f"{label}{step} steps; accuracy first halfway from elimination to 1 at step {first_above}", flush=True)
+    return step, accuracy, base, first_above
+
+
+def main():
+    a = parse_args()
+    torch.set_num_threads(a.threads)
+    if not hasattr(F, "scaled_dot_product_attention"):
+        train.attention = looped_attention
+    if not a.sweep:
+        run_probe(a)
+        return
+    argv = sys.argv[1:]
+    rows = []
+    for i, extra in enumerate(x.strip() for x in a.sweep.split(";")):
+        probe = parse_args(argv + extra.split())
+        probe.sweep = ""
+        rows.append((extra, run_probe(probe, f"[{i}] ")))
+    print("\n| probe | steps | last accuracy | elimination baseline | first step halfway from elimination to 1 |")
+    print("|---|---:|---:|---:|---:|")
+    for extra, (steps, accuracy, base, first) in rows:
+        print(f"| `{extra}` | {steps} | {accuracy:.3f} | {base:.3f} | {first if first is not None else '-'} |")
+
+
+if __name__ == "__main__":
+    main()
