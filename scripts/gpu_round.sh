@@ -20,6 +20,13 @@
 #   smpartition    bench/gpu/sm_partition_probe.cu: a memory stream on SM_PARTITION_COUNTS
 #                  multiprocessors (default "16 24 32 48") beside bf16 GEMMs on the rest, green
 #                  contexts, against both on the whole GPU one after the other
+#   trace          the kernels of a decode step at TRACE_CONTEXTS (default 32768) as they run in
+#                  the step's graph (CUPTI; `entropyinfer_gpu_bench model --kernel-trace`), once per
+#                  entry of TRACE_VARIANTS (default "bf16 fp8"; fp8: FP8 weights and FP8 cache),
+#                  written to trace-VARIANT.json in $OUT
+#   matchprobe     training/smoke/match_probe.py on the GPU (torch): MATCH_PROBE_SWEEP (default the
+#                  three formats), each for MATCH_PROBE_SECONDS (default 120), MATCH_PROBE_ARGS shared
+#                  by all (default the training model's shape, 512 x 160 ids, 2-6 needles all asked)
 #   fp8scales      bench/gpu/fp8_scale_modes_probe.cu: cuBLASLt's FP8 matmul at FP8_SCALE_ROWS rows
 #                  (default "16 32 64") with per-row scales, swapped, and unscaled + a scaling kernel
 #   GEMM_ARGS      more flags for the gemm step (e.g. "--tokens 16,32,64")
@@ -446,6 +453,30 @@ if [[ "${steps}" == *",fp8scales,"* ]]; then
   else
     step_failed "FP8 scale-mode probe build"
   fi
+fi
+
+if [[ "${steps}" == *",trace,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
+  # Which kernels of a decode step sit above their floor: per kernel launches, mean and added time.
+  section trace
+  for variant in ${TRACE_VARIANTS:-bf16 fp8}; do
+    formats=()
+    [[ "${variant}" == fp8 ]] && formats=(--weights fp8 --kv-cache fp8)
+    timeout -k 10 300 "${build}/entropyinfer_gpu_bench" model "${formats[@]}" --prefill '' \
+      --decode-contexts "${TRACE_CONTEXTS:-32768}" --kernel-trace "${OUT}/trace-${variant}.json" 2>&1 |
+      tee -a "${log}" || step_failed "kernel trace (${variant})"
+  done
+fi
+
+if [[ "${steps}" == *",matchprobe,"* ]]; then
+  # Key matching on token ids (training/smoke/match_probe.py): which needle format, depth and
+  # recipe let a small model match a key among several needles.
+  section matchprobe
+  # shellcheck disable=SC2086
+  timeout -k 10 560 python3 -u "${repo_root}/training/smoke/match_probe.py" \
+    --seconds "${MATCH_PROBE_SECONDS:-120}" \
+    ${MATCH_PROBE_ARGS:---batch 512 --length 160 --hidden 384 --layers 6 --heads 6 --kv-heads 2 --min-needles 2 --max-needles 6 --questions 6 --lm-weight 1 --lr 2e-3} \
+    --sweep "${MATCH_PROBE_SWEEP:---format adjacent;--format recall;--format question}" 2>&1 |
+    tee -a "${log}" || step_failed "match probe"
 fi
 
 if [[ "${steps}" == *",smpartition,"* ]]; then
