@@ -53,7 +53,8 @@ done
 echo "test_serve: server at ${url} (pid ${server_pid})"
 
 export ENTROPYINFER_URL="${url}" ENTROPYINFER_API_KEY="${api_key}" \
-  ENTROPYINFER_MODEL=needle-llama-11m ENTROPYINFER_CONTEXT="${context}"
+  ENTROPYINFER_MODEL=needle-llama-11m ENTROPYINFER_CONTEXT="${context}" \
+  ENTROPYINFER_MODEL_DIR="$(pwd)/${model}"
 # One file at a time: the hostile test ends by checking that nothing else is running.
 if ! (cd tests/serve && node --test --test-concurrency=1 openai_client.test.mjs browser.test.mjs \
   hostile.test.mjs); then

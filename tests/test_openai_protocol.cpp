@@ -20,6 +20,7 @@ using json = nlohmann::json;
 ServedModel served_model() {
   ServedModel served;
   served.id = "needle-llama-11m";
+  served.vocab_size = 4096;
   served.default_attention.prefill = PrefillMethod::kEntropy;
   served.default_attention.prefill_params.segment_size = 64;
   served.default_attention.prefill_params.block_size = 8;
@@ -172,11 +173,8 @@ TEST(OpenAiRequest, ChatMessagesWithStringAndTextPartContent) {
 }
 
 TEST(OpenAiRequest, NeutralValuesOfUnsupportedFieldsAreAccepted) {
-  EXPECT_NO_THROW(parse_completion({{"prompt", "x"},
-                                    {"echo", false},
-                                    {"best_of", 1},
-                                    {"suffix", ""},
-                                    {"logit_bias", json::object()}}));
+  EXPECT_NO_THROW(
+      parse_completion({{"prompt", "x"}, {"echo", false}, {"best_of", 1}, {"suffix", ""}}));
   EXPECT_NO_THROW(parse_chat({{"messages", kUserTurn},
                               {"tool_choice", "none"},
                               {"functions", json::array()},
@@ -328,6 +326,45 @@ TEST(OpenAiRequest, OnlyOneChoiceAndTheServedModel) {
   }
 }
 
+TEST(OpenAiRequest, PenaltiesAndLogitBiasReachTheSampler) {
+  const CompletionRequest request =
+      parse_chat({{"messages", kUserTurn},
+                  {"presence_penalty", 0.5},
+                  {"frequency_penalty", -1.25},
+                  {"logit_bias", {{"0", -100}, {"17", 2.5}, {"4095", 100}}}});
+  EXPECT_FLOAT_EQ(request.sampler.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(request.sampler.frequency_penalty, -1.25f);
+  const std::map<int32_t, float> expected = {{0, -100.0f}, {17, 2.5f}, {4095, 100.0f}};
+  EXPECT_EQ(request.sampler.logit_bias, expected);
+  EXPECT_TRUE(parse_completion({{"prompt", "x"}, {"logit_bias", json::object()}})
+                  .sampler.logit_bias.empty());
+}
+
+TEST(OpenAiRequest, BadPenaltiesAndLogitBiasesNameTheField) {
+  expect_completion_refused({{"prompt", "x"}, {"presence_penalty", 2.5}},
+                            refused("presence_penalty", {"between -2 and 2", "2.5"}));
+  expect_completion_refused({{"prompt", "x"}, {"frequency_penalty", "high"}},
+                            refused("frequency_penalty", {"a number"}));
+  expect_completion_refused({{"prompt", "x"}, {"logit_bias", {1, 2}}},
+                            refused("logit_bias", {"an object"}));
+  expect_completion_refused({{"prompt", "x"}, {"logit_bias", {{"abc", 1}}}},
+                            refused("logit_bias.abc", {"token ids from 0 to 4095", "'abc'"}));
+  expect_completion_refused({{"prompt", "x"}, {"logit_bias", {{"-3", 1}}}},
+                            refused("logit_bias.-3", {"token ids"}));
+  expect_completion_refused({{"prompt", "x"}, {"logit_bias", {{"4096", 1}}}},
+                            refused("logit_bias.4096", {"from 0 to 4095", "'4096'"}));
+  expect_completion_refused({{"prompt", "x"}, {"logit_bias", {{"99999999999999", 1}}}},
+                            refused("logit_bias.99999999999999", {"token ids"}));
+  expect_completion_refused({{"prompt", "x"}, {"logit_bias", {{"5", 101}}}},
+                            refused("logit_bias.5", {"between -100 and 100", "101"}));
+  expect_completion_refused({{"prompt", "x"}, {"logit_bias", {{"5", "up"}}}},
+                            refused("logit_bias.5", {"a number"}));
+  json many = json::object();
+  for (int id = 0; id <= kMaxLogitBiasEntries; ++id) many[std::to_string(id)] = 1;
+  expect_completion_refused({{"prompt", "x"}, {"logit_bias", many}},
+                            refused("logit_bias", {"at most 300"}));
+}
+
 TEST(OpenAiRequest, UnsupportedFeaturesNameTheField) {
   auto unsupported = [](const std::string& field) {
     return refused(field, {"'" + field + "'", "not supported"});
@@ -336,12 +373,6 @@ TEST(OpenAiRequest, UnsupportedFeaturesNameTheField) {
   expect_completion_refused({{"prompt", "x"}, {"echo", true}}, unsupported("echo"));
   expect_completion_refused({{"prompt", "x"}, {"best_of", 3}}, unsupported("best_of"));
   expect_completion_refused({{"prompt", "x"}, {"suffix", "end"}}, unsupported("suffix"));
-  expect_completion_refused({{"prompt", "x"}, {"logit_bias", {{"50256", -100}}}},
-                            unsupported("logit_bias"));
-  expect_completion_refused({{"prompt", "x"}, {"frequency_penalty", 0.5}},
-                            unsupported("frequency_penalty"));
-  expect_completion_refused({{"prompt", "x"}, {"presence_penalty", -1}},
-                            unsupported("presence_penalty"));
   expect_chat_refused({{"messages", kUserTurn}, {"logprobs", true}}, unsupported("logprobs"));
   expect_chat_refused({{"messages", kUserTurn}, {"top_logprobs", 3}}, unsupported("top_logprobs"));
   expect_chat_refused({{"messages", kUserTurn}, {"tools", {{{"type", "function"}}}}},

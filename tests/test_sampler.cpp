@@ -195,6 +195,75 @@ TEST(Sampler, NonsenseOptionsAreErrors) {
   options = {};
   options.top_k = -3;
   rejects(options, "top-k");
+  options = {};
+  options.presence_penalty = 2.5f;
+  rejects(options, "presence penalty");
+  options = {};
+  options.frequency_penalty = NAN;
+  rejects(options, "frequency penalty");
+  options = {};
+  options.logit_bias = {{-1, 1.0f}};
+  rejects(options, "negative");
+  options.logit_bias = {{3, 150.0f}};
+  rejects(options, "between -100 and 100");
+  options = {};
+  options.mode = SamplerMode::kLlama2c;
+  options.presence_penalty = 0.5f;
+  rejects(options, "llama2.c");
+}
+
+// Greedy picks, each from a fresh copy of `logits`, under the options' bias and penalties.
+std::vector<int32_t> greedy_picks(const SamplerOptions& options, const std::vector<float>& logits,
+                                  int count) {
+  Sampler sampler(options);
+  std::vector<int32_t> picks;
+  for (int i = 0; i < count; ++i) {
+    std::vector<float> row = logits;
+    picks.push_back(sampler.sample(row));
+  }
+  return picks;
+}
+
+TEST(Sampler, LogitBiasIsAddedBeforeTheChoice) {
+  SamplerOptions options;
+  options.logit_bias = {{2, -100.0f}};
+  EXPECT_EQ(greedy_picks(options, {1.0f, 2.0f, 3.0f}, 1), std::vector<int32_t>{1});
+  options.logit_bias = {{0, 2.5f}};  // 1 + 2.5 beats 3
+  EXPECT_EQ(greedy_picks(options, {1.0f, 2.0f, 3.0f}, 1), std::vector<int32_t>{0});
+  options.logit_bias = {{0, 1.5f}};  // 2.5 does not
+  EXPECT_EQ(greedy_picks(options, {1.0f, 2.0f, 3.0f}, 1), std::vector<int32_t>{2});
+  // At temperature 1 a bias of ln 3 makes a token three times as likely as its equal.
+  options.logit_bias = {{1, std::log(3.0f)}};
+  options.temperature = 1.0f;
+  options.seed = 7;
+  const std::vector<int32_t> picks = greedy_picks(options, {0.0f, 0.0f}, 20000);
+  const double share = static_cast<double>(std::count(picks.begin(), picks.end(), 1)) / 20000.0;
+  EXPECT_NEAR(share, 0.75, 0.015);  // binomial sd 0.003
+  options.logit_bias = {{5, 1.0f}};
+  testing::expect_error_naming(
+      [&] {
+        greedy_picks(options, {0.0f, 0.0f}, 1);
+      },
+      {"token id 5", "2 tokens"}, "a bias beyond the vocabulary");
+}
+
+TEST(Sampler, PenaltiesFollowOpenAiDefinitionOverPickedTokens) {
+  SamplerOptions options;
+  // Presence: once per token already picked, however often.
+  options.presence_penalty = 1.5f;
+  EXPECT_EQ(greedy_picks(options, {2.0f, 1.0f, 0.0f}, 4), (std::vector<int32_t>{0, 1, 0, 0}));
+  // Frequency: once per time picked. Logits of 0, 1, 2 before each pick: 2,1,0 / 1.25,1,0 /
+  // 0.5,1,0 / 0.5,0.25,0 / -0.25,0.25,0 / -0.25,-0.5,0.
+  options = {};
+  options.frequency_penalty = 0.75f;
+  EXPECT_EQ(greedy_picks(options, {2.0f, 1.0f, 0.0f}, 6), (std::vector<int32_t>{0, 0, 1, 0, 1, 2}));
+  // A negative penalty favours repeats.
+  options = {};
+  options.presence_penalty = -1.0f;
+  EXPECT_EQ(greedy_picks(options, {1.0f, 1.5f, 0.0f}, 3), (std::vector<int32_t>{1, 1, 1}));
+  options.presence_penalty = 0.0f;
+  options.frequency_penalty = 0.0f;
+  EXPECT_EQ(greedy_picks(options, {2.0f, 1.0f, 0.0f}, 3), (std::vector<int32_t>{0, 0, 0}));
 }
 
 TEST(StopStringFilter, HoldsBackPrefixesAndCutsAtTheStop) {

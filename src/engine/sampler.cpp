@@ -21,6 +21,24 @@ void validate_sampler_options(const SamplerOptions& options) {
   if (options.mode == SamplerMode::kLlama2c && options.top_k != 0) {
     throw Error("llama2.c sampling has no top-k; leave top-k at 0");
   }
+  for (const auto& [name, penalty] : {std::pair{"presence penalty", options.presence_penalty},
+                                      std::pair{"frequency penalty", options.frequency_penalty}}) {
+    if (!(std::abs(penalty) <= kMaxPenalty)) {
+      throw Error(std::string(name) + " must be between -2 and 2, got " + std::to_string(penalty));
+    }
+  }
+  for (const auto& [id, bias] : options.logit_bias) {
+    if (id < 0) throw Error("logit bias: token id " + std::to_string(id) + " is negative");
+    if (!(std::abs(bias) <= kMaxLogitBias)) {
+      throw Error("logit bias of token " + std::to_string(id) +
+                  " must be between -100 and 100, got " + std::to_string(bias));
+    }
+  }
+  const bool adjusts = !options.logit_bias.empty() || options.presence_penalty != 0.0f ||
+                       options.frequency_penalty != 0.0f;
+  if (options.mode == SamplerMode::kLlama2c && adjusts) {
+    throw Error("llama2.c sampling has no logit bias or penalties; leave them at 0");
+  }
 }
 
 int32_t argmax(std::span<const float> logits) {
@@ -50,8 +68,30 @@ Sampler::Sampler(const SamplerOptions& options)
 
 int32_t Sampler::sample(std::span<float> logits) {
   check_logits_usable(logits);
-  if (options_.temperature == 0.0f) return argmax(logits);
-  return options_.mode == SamplerMode::kLlama2c ? sample_llama2c(logits) : sample_standard(logits);
+  apply_bias_and_penalties(logits);
+  int32_t token;
+  if (options_.temperature == 0.0f) {
+    token = argmax(logits);
+  } else {
+    token =
+        options_.mode == SamplerMode::kLlama2c ? sample_llama2c(logits) : sample_standard(logits);
+  }
+  if (options_.presence_penalty != 0.0f || options_.frequency_penalty != 0.0f) ++picked_[token];
+  return token;
+}
+
+void Sampler::apply_bias_and_penalties(std::span<float> logits) const {
+  for (const auto& [id, bias] : options_.logit_bias) {
+    if (static_cast<size_t>(id) >= logits.size()) {
+      throw Error("logit bias names token id " + std::to_string(id) + ", beyond the " +
+                  std::to_string(logits.size()) + " tokens of the vocabulary");
+    }
+    logits[static_cast<size_t>(id)] += bias;
+  }
+  for (const auto& [id, count] : picked_) {
+    logits[static_cast<size_t>(id)] -=
+        options_.presence_penalty + options_.frequency_penalty * static_cast<float>(count);
+  }
 }
 
 // run.c's xorshift* generator and its float in [0, 1).

@@ -150,7 +150,8 @@ class FrontEnd {
       : scheduler_(scheduler),
         tokenizer_(tokenizer),
         config_(config),
-        served_{config.model_id, config.default_attention},
+        // The scheduler samples over the tokenizer's ids, so those are what logit_bias may name.
+        served_{config.model_id, config.default_attention, std::max(tokenizer.vocab_size(), 0)},
         started_(std::chrono::duration_cast<std::chrono::seconds>(
                      std::chrono::system_clock::now().time_since_epoch())
                      .count()) {}

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <random>
 #include <set>
 #include <sstream>
@@ -90,6 +91,36 @@ double read_number(const std::string& param, const json& value, double min, doub
   return number;
 }
 
+// OpenAI's logit_bias: an object from token ids, written as decimal strings, to a bias in
+// [-100, 100]. vocab_size > 0 bounds the ids.
+std::map<int32_t, float> read_logit_bias(const json& value, int vocab_size) {
+  if (!value.is_object()) wrong_type("logit_bias", "an object", value);
+  if (value.size() > static_cast<size_t>(kMaxLogitBiasEntries)) {
+    throw invalid_request("'logit_bias' may name at most " + std::to_string(kMaxLogitBiasEntries) +
+                              " tokens, got " + std::to_string(value.size()),
+                          "logit_bias", "invalid_value");
+  }
+  std::map<int32_t, float> biases;
+  for (const auto& [id_text, bias] : value.items()) {
+    const std::string param = "logit_bias." + shorten(id_text);
+    int64_t id = -1;
+    const bool digits = !id_text.empty() && id_text.size() <= 10 &&
+                        id_text.find_first_not_of("0123456789") == std::string::npos;
+    if (digits) id = std::stoll(id_text);
+    if (!digits || (vocab_size > 0 && id >= vocab_size) ||
+        id > std::numeric_limits<int32_t>::max()) {
+      throw invalid_request(
+          "'logit_bias' keys are token ids" +
+              (vocab_size > 0 ? " from 0 to " + std::to_string(vocab_size - 1) : std::string()) +
+              ", got '" + shorten(id_text) + "'",
+          param, "invalid_value");
+    }
+    biases[static_cast<int32_t>(id)] =
+        static_cast<float>(read_number(param, bias, -kMaxLogitBias, kMaxLogitBias));
+  }
+  return biases;
+}
+
 int64_t read_integer(const std::string& param, const json& value, int64_t min, int64_t max) {
   if (!value.is_number_integer()) wrong_type(param, "an integer", value);
   const bool in_range =
@@ -125,12 +156,11 @@ bool is_neutral(const std::string& key, const json& value) {
 }
 
 const std::set<std::string>& unsupported_fields(Endpoint endpoint) {
-  static const std::set<std::string> completions = {"echo", "logprobs", "best_of", "suffix",
-                                                    "logit_bias"};
+  static const std::set<std::string> completions = {"echo", "logprobs", "best_of", "suffix"};
   static const std::set<std::string> chat = {
-      "logprobs",        "top_logprobs", "logit_bias",    "tools",
-      "tool_choice",     "functions",    "function_call", "parallel_tool_calls",
-      "response_format", "audio",        "modalities",    "prediction"};
+      "logprobs",      "top_logprobs",        "tools",           "tool_choice", "functions",
+      "function_call", "parallel_tool_calls", "response_format", "audio",       "modalities",
+      "prediction"};
   return endpoint == Endpoint::kCompletions ? completions : chat;
 }
 
@@ -548,7 +578,11 @@ CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view b
       if (!value.is_null()) read_string(key, value);  // accepted and not used
     } else if (key == "frequency_penalty" || key == "presence_penalty") {
       if (value.is_null()) continue;
-      if (read_number(key, value, -2.0, 2.0) != 0.0) unsupported(key, "only 0 is");
+      const auto penalty = static_cast<float>(read_number(key, value, -kMaxPenalty, kMaxPenalty));
+      (key == "presence_penalty" ? request.sampler.presence_penalty
+                                 : request.sampler.frequency_penalty) = penalty;
+    } else if (key == "logit_bias") {
+      if (!value.is_null()) request.sampler.logit_bias = read_logit_bias(value, served.vocab_size);
     } else if (key == "attention") {
       request.attention = merge_attention(value, served.default_attention);
     } else if (refused.count(key) > 0) {

@@ -46,6 +46,7 @@ enum class Endpoint { kCompletions, kChatCompletions };
 struct ServedModel {
   std::string id;                     // the only model name a request may give
   AttentionConfig default_attention;  // what `attention` keys override
+  int vocab_size = 0;                 // token ids logit_bias may name (0: not checked here)
 };
 
 // Nesting the parser accepts: requests are a few levels deep; the bound keeps hostile input from
@@ -53,6 +54,8 @@ struct ServedModel {
 inline constexpr int kMaxRequestDepth = 64;
 // OpenAI's limit on stop sequences.
 inline constexpr int kMaxStopStrings = 4;
+// The most logit_bias entries a request may give (OpenAI's limit).
+inline constexpr int kMaxLogitBiasEntries = 300;
 // The most tokens a request may ask for (the context caps it further).
 inline constexpr int64_t kMaxRequestTokens = int64_t{1} << 30;
 

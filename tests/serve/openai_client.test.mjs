@@ -6,7 +6,7 @@ import { test } from "node:test";
 
 import OpenAI from "openai";
 
-import { apiKey, baseUrl, modelId, needlePrompt } from "./server_under_test.mjs";
+import { apiKey, baseUrl, modelId, needlePrompt, wordTokenId } from "./server_under_test.mjs";
 
 const client = new OpenAI({ baseURL: `${baseUrl}/v1`, apiKey, maxRetries: 0, timeout: 60_000 });
 
@@ -181,6 +181,38 @@ test("the attention extra field picks the methods and the stats report them", as
   let methods = null;
   for await (const chunk of streamed) if (chunk.entropyinfer) methods = chunk.entropyinfer.methods;
   assert.equal(methods, "critiprefill+snapkv");
+});
+
+test("logit_bias and the penalties change greedy answers as OpenAI defines them", async () => {
+  const request = { model: modelId, prompt: needlePrompt, max_tokens: 4, temperature: 0 };
+  const plain = await client.completions.create(request);
+  assert.ok(plain.choices[0].text.startsWith(" oil"), JSON.stringify(plain.choices[0].text));
+  const banned = await client.completions.create({ ...request, logit_bias: { [wordTokenId("oil")]: -100 } });
+  assert.ok(!banned.choices[0].text.startsWith(" oil"), `-100 on " oil": ${JSON.stringify(banned.choices[0].text)}`);
+
+  // +100 on " house" makes it every greedy token; the presence penalty (2, once per token
+  // picked) leaves it so, the frequency penalty (2 per time picked) wears the bias down.
+  const house = { ...request, max_tokens: 80, logit_bias: { [wordTokenId("house")]: 100 } };
+  const houses = " house".repeat(80);
+  const forced = await client.completions.create(house);
+  assert.equal(forced.choices[0].text, houses);
+  const present = await client.chat.completions.create({
+    model: modelId,
+    messages: [{ role: "user", content: "Where is it?" }],
+    max_tokens: 80,
+    temperature: 0,
+    logit_bias: house.logit_bias,
+    presence_penalty: 2,
+  });
+  assert.equal(present.choices[0].message.content.trim(), houses.trim());
+  const frequent = await client.completions.create({ ...house, frequency_penalty: 2 });
+  const text = frequent.choices[0].text;
+  assert.ok(text.startsWith(" house house") && text !== houses, `frequency penalty 2: ${JSON.stringify(text)}`);
+
+  await assert.rejects(
+    client.completions.create({ ...request, logit_bias: { 4096: 5 } }),
+    (error) => error instanceof OpenAI.BadRequestError && error.param === "logit_bias.4096",
+  );
 });
 
 test("refusals raise the SDK's error classes with the field named", async () => {

@@ -1,13 +1,28 @@
 // Where the server under test is and how to reach it, from the environment scripts/test_serve.sh
 // sets: ENTROPYINFER_URL (http://host:port), ENTROPYINFER_API_KEY, ENTROPYINFER_MODEL (the served
-// model id) and ENTROPYINFER_CONTEXT (its context length in tokens).
+// model id), ENTROPYINFER_CONTEXT (its context length in tokens) and ENTROPYINFER_MODEL_DIR (its
+// folder, for token ids).
+import { readFileSync } from "node:fs";
+import path from "node:path";
+
 export const baseUrl = process.env.ENTROPYINFER_URL;
 export const apiKey = process.env.ENTROPYINFER_API_KEY;
 export const modelId = process.env.ENTROPYINFER_MODEL ?? "needle-llama-11m";
 export const contextLength = Number(process.env.ENTROPYINFER_CONTEXT ?? "2048");
+export const modelDir = process.env.ENTROPYINFER_MODEL_DIR;
 
 if (!baseUrl || !apiKey) {
   throw new Error("set ENTROPYINFER_URL and ENTROPYINFER_API_KEY (scripts/test_serve.sh does)");
+}
+
+// The id of a word with its leading space in the served model's byte-level BPE vocabulary, read
+// from its tokenizer.json (where a leading space is written "Ġ").
+export function wordTokenId(word) {
+  if (!modelDir) throw new Error("set ENTROPYINFER_MODEL_DIR (scripts/test_serve.sh does)");
+  const tokenizer = JSON.parse(readFileSync(path.join(modelDir, "tokenizer.json"), "utf8"));
+  const id = tokenizer.model.vocab[`\u0120${word}`];
+  if (id === undefined) throw new Error(`" ${word}" is not one token of ${modelDir}`);
+  return id;
 }
 
 // A prompt of the kind the shipped model was trained on, so that greedy answers are text.
