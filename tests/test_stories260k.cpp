@@ -197,6 +197,35 @@ TEST(Stories260K, NanWeightIsAClearErrorWithEverySampler) {
   }
 }
 
+TEST(Stories260K, GreedyGenerationAppliesThePenalties) {
+  // Greedy decoding with a penalty cannot take the executor's argmax: it must pick what a sampler
+  // with the penalty picks from the logits, step by step, and differ from plain greedy.
+  ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");
+  const ModelWeights weights = load_model(asset_path("stories260K/stories260K.bin"));
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(asset_path("stories260K/tok512.bin"));
+  const std::vector<int32_t> prompt = {1};
+  GenerationOptions options;
+  options.max_tokens = 48;
+  options.sampler.frequency_penalty = 1.0f;
+  Transformer model(weights);
+  const GenerationResult penalized = generate(model, *tokenizer, prompt, options);
+
+  Transformer reference_model(weights);
+  Sampler reference(options.sampler);
+  std::vector<int32_t> expected;
+  std::vector<float> logits = reference_model.forward(prompt);
+  for (int step = 0; step < options.max_tokens; ++step) {
+    expected.push_back(reference.sample(logits));
+    logits = reference_model.forward(std::span<const int32_t>(&expected.back(), 1));
+  }
+  EXPECT_EQ(penalized.tokens, expected);
+
+  options.sampler.frequency_penalty = 0.0f;
+  Transformer plain_model(weights);
+  const GenerationResult plain = generate(plain_model, *tokenizer, prompt, options);
+  EXPECT_NE(plain.tokens, penalized.tokens);
+}
+
 TEST(Stories260K, IdsBeyondTheTokenizersVocabularyAreNeverSampled) {
   // A tokenizer of 300 tokens for a model of 512: the other 212 rows have no text.
   ENTROPYINFER_REQUIRE_ASSET("stories260K/stories260K.bin");

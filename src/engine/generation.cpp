@@ -62,11 +62,12 @@ GenerationResult generate(LanguageModel& model, const Tokenizer& tokenizer,
 
   // A model may have more rows than its tokenizer has tokens (vocabularies padded to a multiple of
   // 64 or 128); those ids have no text, so they are never sampled. Greedy decoding over a
-  // vocabulary the tokenizer covers takes the executor's own argmax, so that one id per step
-  // crosses to the host instead of every logit.
+  // vocabulary the tokenizer covers, with no bias or penalty, takes the executor's own argmax, so
+  // that one id per step crosses to the host instead of every logit.
   const int tokenizer_vocab = std::max(tokenizer.vocab_size(), 0);
-  const bool executor_argmax =
-      options.sampler.temperature == 0.0f && tokenizer_vocab >= model.config().vocab_size;
+  const bool executor_argmax = options.sampler.temperature == 0.0f &&
+                               !adjusts_logits(options.sampler) &&
+                               tokenizer_vocab >= model.config().vocab_size;
   // Runs `tokens` and picks the next token; errors name the generated token they stopped at.
   const auto run_and_pick = [&](std::span<const int32_t> tokens, int step) -> int32_t {
     try {

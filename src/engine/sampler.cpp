@@ -9,6 +9,11 @@
 
 namespace entropyinfer {
 
+bool adjusts_logits(const SamplerOptions& options) {
+  return !options.logit_bias.empty() || options.presence_penalty != 0.0f ||
+         options.frequency_penalty != 0.0f;
+}
+
 void validate_sampler_options(const SamplerOptions& options) {
   if (!(options.temperature >= 0.0f) || !std::isfinite(options.temperature)) {
     throw Error("temperature must be a finite number >= 0, got " +
@@ -34,9 +39,7 @@ void validate_sampler_options(const SamplerOptions& options) {
                   " must be between -100 and 100, got " + std::to_string(bias));
     }
   }
-  const bool adjusts = !options.logit_bias.empty() || options.presence_penalty != 0.0f ||
-                       options.frequency_penalty != 0.0f;
-  if (options.mode == SamplerMode::kLlama2c && adjusts) {
+  if (options.mode == SamplerMode::kLlama2c && adjusts_logits(options)) {
     throw Error("llama2.c sampling has no logit bias or penalties; leave them at 0");
   }
 }

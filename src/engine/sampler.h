@@ -32,6 +32,10 @@ struct SamplerOptions {
 inline constexpr float kMaxLogitBias = 100.0f;
 inline constexpr float kMaxPenalty = 2.0f;
 
+// Whether the options change logits before the choice (bias or penalties): then greedy decoding is
+// no longer the model's own argmax.
+bool adjusts_logits(const SamplerOptions& options);
+
 // Throws Error for nonsense values (negative temperature, top_p outside (0, 1], negative top_k,
 // biases or penalties outside their ranges, negative token ids).
 void validate_sampler_options(const SamplerOptions& options);

@@ -30,6 +30,8 @@ struct GenerateArgs {
   float temperature = 0.0f;
   int top_k = 0;
   float top_p = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   uint64_t seed = 0;
   std::string sampler = "standard";
   std::vector<std::string> stop;
@@ -50,6 +52,8 @@ void run_generate(const GenerateArgs& args) {
   sampler.top_k = args.top_k;
   sampler.top_p = args.top_p;
   sampler.seed = args.seed;
+  sampler.presence_penalty = args.presence_penalty;
+  sampler.frequency_penalty = args.frequency_penalty;
   sampler.mode = args.sampler == "llama2c" ? SamplerMode::kLlama2c : SamplerMode::kStandard;
   validate_sampler_options(sampler);
   args.device.check();
@@ -190,6 +194,16 @@ void register_generate(CLI::App& app) {
       ->check(integer_in(0, INT32_MAX));
   command->add_option("--top-p", args->top_p, "Nucleus sampling mass (1: off)")
       ->check(number_in(0.0, 1.0))
+      ->capture_default_str();
+  command
+      ->add_option("--presence-penalty", args->presence_penalty,
+                   "Subtracted once from the logit of every token already generated")
+      ->check(number_in(-kMaxPenalty, kMaxPenalty))
+      ->capture_default_str();
+  command
+      ->add_option("--frequency-penalty", args->frequency_penalty,
+                   "Subtracted from a generated token's logit once per time it was generated")
+      ->check(number_in(-kMaxPenalty, kMaxPenalty))
       ->capture_default_str();
   command->add_option("-s,--seed", args->seed, "Random seed")
       ->check(seed_value())
