@@ -21,7 +21,10 @@ Formats (--format):
 """
 import argparse
 import contextlib
+import functools
+import itertools
 import math
+import multiprocessing
 import os
 import random
 import sys
@@ -112,6 +115,23 @@ def elimination_hits(needles, questions):
     return sum(1 / (needles - j) for j in range(min(questions, needles)))
 
 
+def make_batch(a, seed):
+    """(rows padded to a.length, answer positions per row, needle count per needle row): the
+    repeated passages first, then the needle rows."""
+    rng = random.Random(seed)
+    batch, answer_pos, needles = [], [], []
+    repeats = round(a.batch * a.repeat_share)
+    for row in range(a.batch):
+        if row < repeats:
+            ids, answers = make_repeat_sample(rng, a.length, a.repeat_alphabet)
+        else:
+            ids, answers, n = make_sample(rng, a.format, a.length, a.min_needles, a.max_needles, a.questions)
+            needles.append(n)
+        batch.append(ids + [PAD] * (a.length - len(ids)))
+        answer_pos.append(answers)
+    return batch, answer_pos, needles
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--format", choices=["question", "recall", "adjacent"], default="question")
@@ -135,6 +155,8 @@ def parse_args(argv=None):
     p.add_argument("--repeat-alphabet", type=int, default=16, help="filler ids a repeated passage draws from")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=1, help="CPU threads")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes making batches (default: 8 on a GPU, at most the spare cores; 0 on the CPU)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--report-seconds", type=float, default=20)
     p.add_argument("--sweep", default="",
@@ -146,7 +168,6 @@ def parse_args(argv=None):
 def run_probe(a, label=""):
     """Train one model; returns (steps, final window accuracy, its elimination baseline, first step above)."""
     torch.manual_seed(a.seed)
-    rng = random.Random(a.seed)
     cfg = dict(vocab=VOCAB, hidden=a.hidden, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads,
                head_dim=a.hidden // a.heads, intermediate=3 * a.hidden, rope_theta=a.rope_theta,
                max_position=a.length, rms_norm_eps=1e-5)
@@ -158,6 +179,12 @@ def run_probe(a, label=""):
           f"parameters, {a.min_needles}-{a.max_needles} needles in {a.length} ids, {a.device}"
           + (f", {a.repeat_share:.0%} repeated passages over {a.repeat_alphabet} ids" if a.repeat_share else ""),
           flush=True)
+    # Batches are made by worker processes where there are cores to spare (the GPU outruns one
+    # Python process making 512 samples a step); each batch has its own seed either way.
+    seeds = ((a.seed << 32) + i for i in itertools.count())
+    job = functools.partial(make_batch, a)
+    pool = multiprocessing.Pool(a.workers) if a.workers > 0 else None
+    batches = pool.imap(job, seeds, chunksize=4) if pool else map(job, seeds)
     start = last = time.time()
     step = 0
     hits = count = chance = 0.0
@@ -165,16 +192,8 @@ def run_probe(a, label=""):
     accuracy = base = 0.0
     first_above = None
     while time.time() - start < a.seconds:
-        batch, answer_pos, needles = [], [], []
-        repeats = round(a.batch * a.repeat_share)
-        for row in range(a.batch):
-            if row < repeats:
-                ids, answers = make_repeat_sample(rng, a.length, a.repeat_alphabet)
-            else:
-                ids, answers, n = make_sample(rng, a.format, a.length, a.min_needles, a.max_needles, a.questions)
-                needles.append(n)
-            batch.append(ids + [PAD] * (a.length - len(ids)))
-            answer_pos.append(answers)
+        batch, answer_pos, needles = next(batches)
+        repeats = len(batch) - len(needles)
         x = torch.tensor(batch)
         answer_mask = torch.zeros(x.shape, dtype=torch.bool)
         for row, answers in enumerate(answer_pos):
@@ -221,12 +240,16 @@ def run_probe(a, label=""):
             hits = count = chance = 0.0
             by_needles.zero_()
             last = time.time()
+    if pool:
+        pool.terminate()
     print(f"{label}{step} steps; accuracy first halfway from elimination to 1 at step {first_above}", flush=True)
     return step, accuracy, base, first_above
 
 
 def main():
     a = parse_args()
+    if a.workers is None:
+        a.workers = min(8, (os.cpu_count() or 1) - 1) if a.device.startswith("cuda") else 0
     torch.set_num_threads(a.threads)
     if not hasattr(F, "scaled_dot_product_attention"):
         train.attention = looped_attention
@@ -238,6 +261,7 @@ def main():
     for i, extra in enumerate(x.strip() for x in a.sweep.split(";")):
         probe = parse_args(argv + extra.split())
         probe.sweep = ""
+        probe.workers = a.workers
         rows.append((extra, run_probe(probe, f"[{i}] ")))
     print("\n| probe | steps | last accuracy | elimination baseline | first step halfway from elimination to 1 |")
     print("|---|---:|---:|---:|---:|")
