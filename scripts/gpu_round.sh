@@ -25,7 +25,7 @@
 #                  entry of TRACE_VARIANTS (default "bf16 fp8"; fp8: FP8 weights and FP8 cache),
 #                  written to trace-VARIANT.json in $OUT
 #   matchprobe     training/smoke/match_probe.py on the GPU (torch): MATCH_PROBE_SWEEP (default the
-#                  three formats), each for MATCH_PROBE_SECONDS (default 120), MATCH_PROBE_ARGS shared
+#                  three formats), each for MATCH_PROBE_SECONDS (default 150), MATCH_PROBE_ARGS shared
 #                  by all (default the training model's shape, 512 x 160 ids, 2-6 needles all asked)
 #   fp8scales      bench/gpu/fp8_scale_modes_probe.cu: cuBLASLt's FP8 matmul at FP8_SCALE_ROWS rows
 #                  (default "16 32 64") with per-row scales, swapped, and unscaled + a scaling kernel
@@ -473,7 +473,7 @@ if [[ "${steps}" == *",matchprobe,"* ]]; then
   section matchprobe
   # shellcheck disable=SC2086
   timeout -k 10 560 python3 -u "${repo_root}/training/smoke/match_probe.py" \
-    --seconds "${MATCH_PROBE_SECONDS:-120}" \
+    --seconds "${MATCH_PROBE_SECONDS:-150}" \
     ${MATCH_PROBE_ARGS:---batch 512 --length 160 --hidden 384 --layers 6 --heads 6 --kv-heads 2 --min-needles 2 --max-needles 6 --questions 6 --lm-weight 1 --lr 2e-3} \
     --sweep "${MATCH_PROBE_SWEEP:---format adjacent;--format recall;--format question}" 2>&1 |
     tee -a "${log}" || step_failed "match probe"
