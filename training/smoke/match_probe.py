@@ -20,6 +20,7 @@ Formats (--format):
   /usr/bin/python3 training/smoke/match_probe.py --format recall --layers 2 --seconds 300
 """
 import argparse
+import collections
 import contextlib
 import functools
 import itertools
@@ -132,6 +133,16 @@ def make_batch(a, seed):
     return batch, answer_pos, needles
 
 
+def prefetched(pool, job, seeds, depth):
+    """job(seed) for each seed, in order, with at most `depth` batches made ahead (Pool.imap would
+    run ahead without bound and hold every batch the trainer has not yet taken)."""
+    pending = collections.deque(pool.apply_async(job, (next(seeds),)) for _ in range(depth))
+    while True:
+        result = pending.popleft().get()
+        pending.append(pool.apply_async(job, (next(seeds),)))
+        yield result
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--format", choices=["question", "recall", "adjacent"], default="question")
@@ -184,7 +195,7 @@ def run_probe(a, label=""):
     seeds = ((a.seed << 32) + i for i in itertools.count())
     job = functools.partial(make_batch, a)
     pool = multiprocessing.Pool(a.workers) if a.workers > 0 else None
-    batches = pool.imap(job, seeds, chunksize=4) if pool else map(job, seeds)
+    batches = prefetched(pool, job, seeds, 2 * a.workers) if pool else map(job, seeds)
     start = last = time.time()
     step = 0
     hits = count = chance = 0.0
