@@ -198,8 +198,9 @@ def run_probe(a, label=""):
     batches = prefetched(pool, job, seeds, 2 * a.workers) if pool else map(job, seeds)
     start = last = time.time()
     step = 0
-    hits = count = chance = 0.0
-    by_needles = torch.zeros(2, a.max_needles + 1)  # right answers and answers, by needle count
+    # Right answers and answers by needle count, and what elimination would get right, per window.
+    by_needles = torch.zeros(2, a.max_needles + 1)
+    baseline_hits = 0.0
     accuracy = base = 0.0
     first_above = None
     while time.time() - start < a.seconds:
@@ -237,18 +238,17 @@ def run_probe(a, label=""):
         answer_needles = row_needles[answer_mask[repeats:].cpu()]
         by_needles[0] += torch.bincount(answer_needles, weights=right.float().cpu(), minlength=a.max_needles + 1)
         by_needles[1] += torch.bincount(answer_needles, minlength=a.max_needles + 1).float()
-        hits += right.float().sum().item()
-        count += right.numel()
-        chance += sum(elimination_hits(n, a.questions) for n in needles)
+        baseline_hits += sum(elimination_hits(n, a.questions) for n in needles)
         if time.time() - last >= a.report_seconds:
-            accuracy, base = hits / count, chance / count
+            hits, count = by_needles.sum(dim=1).tolist()
+            accuracy, base = hits / count, baseline_hits / count
             if first_above is None and accuracy > (1 + base) / 2:  # halfway from elimination to 1
                 first_above = step
             print(f"{label}{time.time() - start:6.1f}s step {step:6d} lr {lr:.1e} answer loss "
                   f"{answer_loss.item():.3f} accuracy {accuracy:.3f} (elimination {base:.3f}; by needles "
                   + " ".join(f"{n}: {r / m:.2f}" for n, (r, m) in enumerate(by_needles.t().tolist()) if m)
                   + ")", flush=True)
-            hits = count = chance = 0.0
+            baseline_hits = 0.0
             by_needles.zero_()
             last = time.time()
     if pool:
