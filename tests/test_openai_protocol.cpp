@@ -4,7 +4,9 @@
 // clients read.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -180,6 +182,30 @@ TEST(OpenAiRequest, NeutralValuesOfUnsupportedFieldsAreAccepted) {
                               {"functions", json::array()},
                               {"top_logprobs", 0},
                               {"parallel_tool_calls", false}}));
+}
+
+TEST(OpenAiRequest, LogprobsAreReadPerEndpoint) {
+  EXPECT_FALSE(parse_completion({{"prompt", "x"}}).top_logprobs.has_value());
+  EXPECT_EQ(parse_completion({{"prompt", "x"}, {"logprobs", 0}}).top_logprobs, 0);
+  EXPECT_EQ(parse_completion({{"prompt", "x"}, {"logprobs", 5}}).top_logprobs, 5);
+  EXPECT_FALSE(parse_completion({{"prompt", "x"}, {"logprobs", nullptr}}).top_logprobs);
+  EXPECT_FALSE(parse_chat({{"messages", kUserTurn}, {"logprobs", false}}).top_logprobs);
+  EXPECT_EQ(parse_chat({{"messages", kUserTurn}, {"logprobs", true}}).top_logprobs, 0);
+  EXPECT_EQ(
+      parse_chat({{"messages", kUserTurn}, {"logprobs", true}, {"top_logprobs", 20}}).top_logprobs,
+      20);
+  expect_completion_refused({{"prompt", "x"}, {"logprobs", 21}},
+                            refused("logprobs", {"from 0 to 20", "21"}));
+  expect_completion_refused({{"prompt", "x"}, {"logprobs", true}},
+                            refused("logprobs", {"an integer"}));
+  expect_chat_refused({{"messages", kUserTurn}, {"logprobs", 3}}, refused("logprobs", {"boolean"}));
+  expect_chat_refused({{"messages", kUserTurn}, {"logprobs", true}, {"top_logprobs", -1}},
+                      refused("top_logprobs", {"from 0 to 20"}));
+  expect_chat_refused({{"messages", kUserTurn}, {"top_logprobs", 3}},
+                      refused("top_logprobs", {"'logprobs' to be true"}));
+  // Completions have no top_logprobs field.
+  expect_completion_refused({{"prompt", "x"}, {"top_logprobs", 3}},
+                            refused("top_logprobs", {"unrecognized"}));
 }
 
 TEST(OpenAiRequest, AttentionObjectOverridesTheServerDefaults) {
@@ -369,12 +395,9 @@ TEST(OpenAiRequest, UnsupportedFeaturesNameTheField) {
   auto unsupported = [](const std::string& field) {
     return refused(field, {"'" + field + "'", "not supported"});
   };
-  expect_completion_refused({{"prompt", "x"}, {"logprobs", 2}}, unsupported("logprobs"));
   expect_completion_refused({{"prompt", "x"}, {"echo", true}}, unsupported("echo"));
   expect_completion_refused({{"prompt", "x"}, {"best_of", 3}}, unsupported("best_of"));
   expect_completion_refused({{"prompt", "x"}, {"suffix", "end"}}, unsupported("suffix"));
-  expect_chat_refused({{"messages", kUserTurn}, {"logprobs", true}}, unsupported("logprobs"));
-  expect_chat_refused({{"messages", kUserTurn}, {"top_logprobs", 3}}, unsupported("top_logprobs"));
   expect_chat_refused({{"messages", kUserTurn}, {"tools", {{{"type", "function"}}}}},
                       unsupported("tools"));
   expect_chat_refused({{"messages", kUserTurn}, {"tool_choice", "auto"}},
@@ -534,6 +557,74 @@ TEST(OpenAiResponse, CompletionObjectHasOpenAisFields) {
   EXPECT_DOUBLE_EQ(ours["prefill_keys_fraction"].get<double>(), 0.5);
   EXPECT_DOUBLE_EQ(ours["cache_kept_fraction"].get<double>(), 0.25);
   EXPECT_EQ(ours["compressed"], true);
+}
+
+// Token ids to fixed byte strings, one of them half a UTF-8 character.
+class PieceTokenizer final : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view, const EncodeOptions&) const override { return {}; }
+  std::string token_bytes(int32_t id) const override { return pieces_.at(static_cast<size_t>(id)); }
+  int32_t vocab_size() const override { return static_cast<int32_t>(pieces_.size()); }
+  std::optional<int32_t> bos_id() const override { return std::nullopt; }
+  std::vector<int32_t> eos_ids() const override { return {}; }
+  std::optional<int32_t> token_id(std::string_view) const override { return std::nullopt; }
+
+ private:
+  std::vector<std::string> pieces_ = {"Hi", " there", "\xE2\x82", "!"};
+};
+
+std::vector<TokenLogprob> two_token_logprobs() {
+  const float inf = std::numeric_limits<float>::infinity();
+  return {{0, -0.25f, {{0, -0.25f}, {3, -1.5f}}}, {2, -inf, {{1, -0.5f}, {3, -2.0f}}}};
+}
+
+TEST(OpenAiResponse, CompletionLogprobsHaveTokensOffsetsAndTopMaps) {
+  const PieceTokenizer tokenizer;
+  int64_t offset = 10;
+  const json logprobs =
+      logprobs_json(Endpoint::kCompletions, two_token_logprobs(), tokenizer, offset);
+  EXPECT_EQ(offset, 14);  // "Hi" and two bytes on from 10
+  EXPECT_EQ(logprobs["tokens"][0], "Hi");
+  EXPECT_EQ(logprobs["text_offset"], json::array({10, 12}));
+  EXPECT_DOUBLE_EQ(logprobs["token_logprobs"][0].get<double>(), -0.25);
+  EXPECT_DOUBLE_EQ(logprobs["token_logprobs"][1].get<double>(), kLogprobFloor);  // -inf
+  // The alternatives and the chosen token, text to logprob.
+  EXPECT_EQ(logprobs["top_logprobs"][0].size(), 2u);
+  EXPECT_DOUBLE_EQ(logprobs["top_logprobs"][0]["!"].get<double>(), -1.5);
+  EXPECT_EQ(logprobs["top_logprobs"][1].size(), 3u);
+  EXPECT_DOUBLE_EQ(logprobs["top_logprobs"][1][" there"].get<double>(), -0.5);
+  // Half a character reaches the client as U+FFFD, never as invalid JSON.
+  const json reparsed = json::parse(dump_json(logprobs));
+  EXPECT_EQ(reparsed["tokens"][1].get<std::string>().rfind("\xEF\xBF\xBD", 0), 0u);
+
+  const json response = completion_response(Endpoint::kCompletions,
+                                            new_response_identity(Endpoint::kCompletions, "m"),
+                                            "Hi", "length", RequestStats{}, logprobs);
+  EXPECT_EQ(response["choices"][0]["logprobs"], logprobs);
+}
+
+TEST(OpenAiResponse, ChatLogprobsCarryBytesAndTopLists) {
+  const PieceTokenizer tokenizer;
+  int64_t offset = 0;
+  const json logprobs =
+      logprobs_json(Endpoint::kChatCompletions, two_token_logprobs(), tokenizer, offset);
+  ASSERT_EQ(logprobs["content"].size(), 2u);
+  EXPECT_TRUE(logprobs["refusal"].is_null());
+  const json& first = logprobs["content"][0];
+  EXPECT_EQ(first["token"], "Hi");
+  EXPECT_DOUBLE_EQ(first["logprob"].get<double>(), -0.25);
+  EXPECT_EQ(first["bytes"], json::array({72, 105}));
+  ASSERT_EQ(first["top_logprobs"].size(), 2u);
+  EXPECT_EQ(first["top_logprobs"][1]["token"], "!");
+  EXPECT_EQ(first["top_logprobs"][1]["bytes"], json::array({33}));
+  // The exact bytes of half a character survive in "bytes".
+  EXPECT_EQ(logprobs["content"][1]["bytes"], json::array({0xE2, 0x82}));
+  const ResponseIdentity identity = new_response_identity(Endpoint::kChatCompletions, "m");
+  const json chunk = text_chunk(Endpoint::kChatCompletions, identity, "Hi", false, logprobs);
+  EXPECT_EQ(chunk["choices"][0]["logprobs"], logprobs);
+  const json last =
+      finish_chunk(Endpoint::kChatCompletions, identity, "stop", RequestStats{}, false);
+  EXPECT_TRUE(last["choices"][0]["logprobs"].is_null());
 }
 
 TEST(OpenAiResponse, ChatCompletionAndChunksHaveOpenAisShapes) {

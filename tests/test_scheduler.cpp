@@ -5,7 +5,9 @@
 // request that can never fit is refused with the reason; stopping finishes what is in flight.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <future>
 #include <memory>
 #include <string>
@@ -37,6 +39,7 @@ std::string document(int lines) {
 struct Answer {
   std::string text;  // the streamed pieces, joined
   StreamEvent finished;
+  std::vector<TokenLogprob> logprobs;  // of every event, in order
 };
 
 // Reads a stream to its end (at most a minute).
@@ -46,6 +49,7 @@ Answer read_all(RequestStream& stream) {
   StreamEvent event;
   while (std::chrono::steady_clock::now() < deadline) {
     if (!stream.next(event, std::chrono::milliseconds(100))) continue;
+    answer.logprobs.insert(answer.logprobs.end(), event.logprobs.begin(), event.logprobs.end());
     if (event.kind == StreamEvent::Kind::kText) {
       answer.text += event.text;
       continue;
@@ -141,6 +145,46 @@ TEST_F(SchedulerTest, ConcurrentRequestsStreamWhatEachGetsAlone) {
   EXPECT_EQ(snapshot.pool.pages_used, 0);
   EXPECT_EQ(snapshot.running, 0);
   EXPECT_EQ(snapshot.queued, 0);
+}
+
+// Logprobs against the single-sequence executor's logits, normalised here in double: one entry per
+// generated token, stop-string tokens included, each the greedy pick's own.
+TEST_F(SchedulerTest, LogprobsFollowTheModelsLogitsForEveryGeneratedToken) {
+  SequenceRequest r = request("full", 12, 16);
+  r.top_logprobs = 3;
+  r.generation.stop_strings = {" the"};
+  std::unique_ptr<Scheduler> scheduler = make_scheduler(int64_t{64} << 20);
+  const Answer answer = read_all(*scheduler->submit(r));
+  const GenerationResult expected = alone(r);
+  EXPECT_EQ(answer.text, expected.text);
+  ASSERT_EQ(answer.finished.stats.completion_tokens, static_cast<int>(expected.tokens.size()));
+  ASSERT_EQ(answer.logprobs.size(), expected.tokens.size());
+  ASSERT_EQ(answer.finished.finish_reason, FinishReason::kStop)
+      << "the stop string never came: " << expected.text;
+  // The stop string's tokens come with the last event, as their text is never shown.
+  EXPECT_FALSE(answer.finished.logprobs.empty());
+
+  Transformer model(*weights_, 0, r.attention);
+  std::vector<float> logits = model.forward(r.prompt);
+  for (size_t i = 0; i < expected.tokens.size(); ++i) {
+    SCOPED_TRACE(i);
+    const TokenLogprob& reported = answer.logprobs[i];
+    EXPECT_EQ(reported.token, expected.tokens[i]);
+    double max_logit = logits[0];
+    for (float logit : logits) max_logit = std::max<double>(max_logit, logit);
+    double sum = 0.0;
+    for (float logit : logits) sum += std::exp(logit - max_logit);
+    const double log_normaliser = max_logit + std::log(sum);
+    EXPECT_NEAR(reported.logprob, logits[static_cast<size_t>(reported.token)] - log_normaliser,
+                1e-3);
+    ASSERT_EQ(reported.top.size(), 3u);
+    EXPECT_EQ(reported.top[0].token, reported.token);  // greedy: the most likely
+    EXPECT_GE(reported.top[1].logprob, reported.top[2].logprob);
+    EXPECT_NEAR(reported.top[2].logprob,
+                logits[static_cast<size_t>(reported.top[2].token)] - log_normaliser, 1e-3);
+    const std::vector<int32_t> next = {reported.token};
+    logits = model.forward(next);
+  }
 }
 
 TEST_F(SchedulerTest, APoolForOneFullRequestQueuesTheRestAndAnswersEach) {

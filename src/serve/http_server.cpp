@@ -127,6 +127,8 @@ struct StreamState {
   Endpoint endpoint = Endpoint::kCompletions;
   ResponseIdentity identity;
   bool include_usage = false;
+  bool logprobs = false;    // asked: each chunk reports its tokens'
+  int64_t text_offset = 0;  // completions' text_offset of the next token
   bool role_sent = false;
   bool finished = false;
   Clock::time_point start;
@@ -397,6 +399,7 @@ void FrontEnd::handle_generation(Endpoint endpoint, const httplib::Request& req,
       }
     }
     sequence.attention = request.attention;
+    sequence.top_logprobs = request.top_logprobs.value_or(-1);
     std::shared_ptr<RequestStream> stream = submit(std::move(sequence));
     if (request.stream) {
       answer_streamed(request, std::move(stream), start, std::move(in_flight), res);
@@ -426,9 +429,11 @@ void FrontEnd::record_outcome(const StreamEvent& finished, Clock::time_point sta
 void FrontEnd::answer_whole(const CompletionRequest& request, std::shared_ptr<RequestStream> stream,
                             Clock::time_point start, httplib::Response& res) {
   std::string text;
+  std::vector<TokenLogprob> logprobs;
   StreamEvent event;
   for (;;) {
     if (!stream->next(event, std::chrono::seconds(1))) continue;
+    logprobs.insert(logprobs.end(), event.logprobs.begin(), event.logprobs.end());
     if (event.kind == StreamEvent::Kind::kText) {
       text += event.text;
       continue;
@@ -444,9 +449,13 @@ void FrontEnd::answer_whole(const CompletionRequest& request, std::shared_ptr<Re
                    "cancelled");
   }
   const ResponseIdentity identity = new_response_identity(request.endpoint, request.model);
-  respond_json(res, 200,
-               completion_response(request.endpoint, identity, text,
-                                   openai_finish_reason(event.finish_reason), event.stats));
+  int64_t text_offset = 0;
+  respond_json(
+      res, 200,
+      completion_response(
+          request.endpoint, identity, text, openai_finish_reason(event.finish_reason), event.stats,
+          request.top_logprobs ? logprobs_json(request.endpoint, logprobs, tokenizer_, text_offset)
+                               : nlohmann::json(nullptr)));
 }
 
 void FrontEnd::answer_streamed(const CompletionRequest& request,
@@ -457,6 +466,7 @@ void FrontEnd::answer_streamed(const CompletionRequest& request,
   state->endpoint = request.endpoint;
   state->identity = new_response_identity(request.endpoint, request.model);
   state->include_usage = request.include_usage;
+  state->logprobs = request.top_logprobs.has_value();
   state->start = start;
   state->last_write = Clock::now();
   state->in_flight = std::move(in_flight);
@@ -501,10 +511,15 @@ bool FrontEnd::write_stream(StreamState& state, httplib::DataSink& sink) {
     if (Clock::now() - state.last_write >= kKeepAliveInterval) return send(": keep-alive\n\n");
     return sink.is_writable();
   }
+  const auto chunk_logprobs = [&] {
+    return state.logprobs && (event.kind == StreamEvent::Kind::kText || !event.logprobs.empty())
+               ? logprobs_json(state.endpoint, event.logprobs, tokenizer_, state.text_offset)
+               : nlohmann::json(nullptr);
+  };
   if (event.kind == StreamEvent::Kind::kText) {
     if (event.text.empty()) return true;
-    return send(
-        sse_event(text_chunk(state.endpoint, state.identity, event.text, state.include_usage)));
+    return send(sse_event(text_chunk(state.endpoint, state.identity, event.text,
+                                     state.include_usage, chunk_logprobs())));
   }
   state.finished = true;
   record_outcome(event, state.start);
@@ -519,8 +534,8 @@ bool FrontEnd::write_stream(StreamState& state, httplib::DataSink& sink) {
     tail = "data: " + error_body(error) + "\n\n";
   } else {
     const std::string reason = openai_finish_reason(event.finish_reason);
-    tail = sse_event(
-        finish_chunk(state.endpoint, state.identity, reason, event.stats, state.include_usage));
+    tail = sse_event(finish_chunk(state.endpoint, state.identity, reason, event.stats,
+                                  state.include_usage, chunk_logprobs()));
     if (state.include_usage) {
       tail += sse_event(usage_chunk(state.endpoint, state.identity, event.stats));
     }

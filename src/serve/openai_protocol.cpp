@@ -137,13 +137,12 @@ int64_t read_integer(const std::string& param, const json& value, int64_t min, i
 }
 
 // Fields that ask for output this server does not produce are refused, unless they ask for what it
-// does anyway (logprobs false, n 1, tools []), which some clients send by default.
+// does anyway (echo false, n 1, tools []), which some clients send by default.
 bool is_neutral(const std::string& key, const json& value) {
   if (value.is_null()) return true;
-  if (key == "echo" || key == "logprobs" || key == "parallel_tool_calls")
+  if (key == "echo" || key == "parallel_tool_calls")
     return value.is_boolean() && !value.get<bool>();
   if (key == "best_of") return value.is_number_integer() && value.get<int64_t>() == 1;
-  if (key == "top_logprobs") return value.is_number_integer() && value.get<int64_t>() == 0;
   if (key == "suffix") return value.is_string() && value.get<std::string>().empty();
   if (key == "logit_bias") return value.is_object() && value.empty();
   if (key == "tools" || key == "functions") return value.is_array() && value.empty();
@@ -156,11 +155,10 @@ bool is_neutral(const std::string& key, const json& value) {
 }
 
 const std::set<std::string>& unsupported_fields(Endpoint endpoint) {
-  static const std::set<std::string> completions = {"echo", "logprobs", "best_of", "suffix"};
+  static const std::set<std::string> completions = {"echo", "best_of", "suffix"};
   static const std::set<std::string> chat = {
-      "logprobs",      "top_logprobs",        "tools",           "tool_choice", "functions",
-      "function_call", "parallel_tool_calls", "response_format", "audio",       "modalities",
-      "prediction"};
+      "tools",           "tool_choice", "functions",  "function_call", "parallel_tool_calls",
+      "response_format", "audio",       "modalities", "prediction"};
   return endpoint == Endpoint::kCompletions ? completions : chat;
 }
 
@@ -515,6 +513,8 @@ CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view b
   std::optional<int64_t> max_tokens;
   std::optional<int64_t> max_completion_tokens;
   const json* stream_options = nullptr;
+  bool chat_logprobs = false;                // chat's "logprobs": true
+  std::optional<int64_t> chat_top_logprobs;  // chat's "top_logprobs"
   const std::set<std::string>& refused = unsupported_fields(endpoint);
 
   for (const auto& [key, value] : root.items()) {
@@ -583,6 +583,16 @@ CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view b
                                  : request.sampler.frequency_penalty) = penalty;
     } else if (key == "logit_bias") {
       if (!value.is_null()) request.sampler.logit_bias = read_logit_bias(value, served.vocab_size);
+    } else if (key == "logprobs") {
+      if (value.is_null()) continue;
+      // Completions: how many alternatives per token; chat: whether to report logprobs at all.
+      if (chat) {
+        chat_logprobs = read_bool(key, value);
+      } else {
+        request.top_logprobs = static_cast<int>(read_integer(key, value, 0, kMaxTopLogprobs));
+      }
+    } else if (chat && key == "top_logprobs") {
+      if (!value.is_null()) chat_top_logprobs = read_integer(key, value, 0, kMaxTopLogprobs);
     } else if (key == "attention") {
       request.attention = merge_attention(value, served.default_attention);
     } else if (refused.count(key) > 0) {
@@ -611,6 +621,10 @@ CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view b
       }
     }
   }
+  if (chat_top_logprobs.value_or(0) > 0 && !chat_logprobs) {
+    throw invalid_request("'top_logprobs' needs 'logprobs' to be true", "top_logprobs");
+  }
+  if (chat_logprobs) request.top_logprobs = static_cast<int>(chat_top_logprobs.value_or(0));
   if (max_tokens && max_completion_tokens && *max_tokens != *max_completion_tokens) {
     throw invalid_request("'max_tokens' and 'max_completion_tokens' disagree; give one",
                           "max_completion_tokens");
@@ -685,11 +699,57 @@ json entropyinfer_stats_json(const RequestStats& stats) {
           {"compressed", stats.compressed}};
 }
 
+json logprobs_json(Endpoint endpoint, std::span<const TokenLogprob> tokens,
+                   const Tokenizer& tokenizer, int64_t& text_offset) {
+  const auto value = [](float logprob) {
+    return std::isfinite(logprob) ? std::max<double>(logprob, kLogprobFloor) : kLogprobFloor;
+  };
+  if (endpoint == Endpoint::kCompletions) {
+    json texts = json::array(), logprobs = json::array(), tops = json::array(),
+         offsets = json::array();
+    for (const TokenLogprob& token : tokens) {
+      const std::string text = tokenizer.token_bytes(token.token);
+      texts.push_back(text);
+      logprobs.push_back(value(token.logprob));
+      json top = json::object();
+      for (const TokenAlternative& alternative : token.top) {
+        top[tokenizer.token_bytes(alternative.token)] = value(alternative.logprob);
+      }
+      top[text] = value(token.logprob);
+      tops.push_back(std::move(top));
+      offsets.push_back(text_offset);
+      text_offset += static_cast<int64_t>(text.size());
+    }
+    return {{"tokens", std::move(texts)},
+            {"token_logprobs", std::move(logprobs)},
+            {"top_logprobs", std::move(tops)},
+            {"text_offset", std::move(offsets)}};
+  }
+  const auto entry = [&](int32_t id, float logprob) {
+    const std::string text = tokenizer.token_bytes(id);
+    json bytes = json::array();
+    for (const char byte : text) bytes.push_back(static_cast<unsigned char>(byte));
+    return json{{"token", text}, {"logprob", value(logprob)}, {"bytes", std::move(bytes)}};
+  };
+  json content = json::array();
+  for (const TokenLogprob& token : tokens) {
+    json item = entry(token.token, token.logprob);
+    json top = json::array();
+    for (const TokenAlternative& alternative : token.top) {
+      top.push_back(entry(alternative.token, alternative.logprob));
+    }
+    item["top_logprobs"] = std::move(top);
+    content.push_back(std::move(item));
+    text_offset += static_cast<int64_t>(tokenizer.token_bytes(token.token).size());
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
 json completion_response(Endpoint endpoint, const ResponseIdentity& identity,
                          const std::string& text, const std::string& finish_reason,
-                         const RequestStats& stats) {
+                         const RequestStats& stats, const json& logprobs) {
   json response = response_base(endpoint, identity, false);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
   if (endpoint == Endpoint::kCompletions) {
     choice["text"] = text;
   } else {
@@ -711,8 +771,8 @@ json role_chunk(const ResponseIdentity& identity, bool include_usage) {
 }
 
 json text_chunk(Endpoint endpoint, const ResponseIdentity& identity, const std::string& text,
-                bool include_usage) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+                bool include_usage, const json& logprobs) {
+  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
   if (endpoint == Endpoint::kCompletions) {
     choice["text"] = text;
   } else {
@@ -722,8 +782,9 @@ json text_chunk(Endpoint endpoint, const ResponseIdentity& identity, const std::
 }
 
 json finish_chunk(Endpoint endpoint, const ResponseIdentity& identity,
-                  const std::string& finish_reason, const RequestStats& stats, bool include_usage) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+                  const std::string& finish_reason, const RequestStats& stats, bool include_usage,
+                  const json& logprobs) {
+  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
   if (endpoint == Endpoint::kCompletions) {
     choice["text"] = "";
   } else {

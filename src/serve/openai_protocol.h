@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,8 +16,10 @@
 #include "attention/attention_config.h"
 #include "core/error.h"
 #include "engine/sampler.h"
+#include "engine/token_logprobs.h"
 #include "serve/scheduler.h"
 #include "tokenizer/chat_format.h"
+#include "tokenizer/tokenizer.h"
 
 namespace entropyinfer::serve {
 
@@ -68,6 +71,9 @@ struct CompletionRequest {
   SamplerOptions sampler;        // OpenAI's defaults: temperature 1, top_p 1
   std::optional<uint64_t> seed;  // absent: the server picks one per request
   std::vector<std::string> stop;
+  // Logprobs asked (completions' "logprobs": N, chat's "logprobs": true with "top_logprobs": N):
+  // the alternatives per token, 0 to kMaxTopLogprobs; absent when not asked.
+  std::optional<int> top_logprobs;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   AttentionConfig attention;   // the server's defaults with the request's `attention` applied
@@ -115,19 +121,35 @@ nlohmann::json usage_json(const RequestStats& stats);
 // The non-standard "entropyinfer" object: methods, timings and work fractions.
 nlohmann::json entropyinfer_stats_json(const RequestStats& stats);
 
-// The whole answer: a text_completion or chat.completion object.
+// A logprob JSON can carry: OpenAI's -9999 for a token the model rules out (-inf).
+inline constexpr double kLogprobFloor = -9999.0;
+
+// OpenAI's logprobs object for `tokens`, each token's text being its exact bytes (JSON output
+// turns bytes that are not UTF-8 into U+FFFD; chat's "bytes" keeps them). Completions: "tokens",
+// "token_logprobs", "top_logprobs" (the alternatives and the chosen token, text to logprob) and
+// "text_offset" (UTF-8 bytes of the answer before each token, counted on from `text_offset`,
+// which it advances). Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs"}],
+// "refusal": null}.
+nlohmann::json logprobs_json(Endpoint endpoint, std::span<const TokenLogprob> tokens,
+                             const Tokenizer& tokenizer, int64_t& text_offset);
+
+// The whole answer: a text_completion or chat.completion object; `logprobs` is the choice's
+// (null when not asked).
 nlohmann::json completion_response(Endpoint endpoint, const ResponseIdentity& identity,
                                    const std::string& text, const std::string& finish_reason,
-                                   const RequestStats& stats);
+                                   const RequestStats& stats,
+                                   const nlohmann::json& logprobs = nullptr);
 
 // Streamed chunks (text_completion or chat.completion.chunk objects). With include_usage every
-// chunk carries "usage": null until the usage chunk, as OpenAI's do.
+// chunk carries "usage": null until the usage chunk, as OpenAI's do. `logprobs` covers the
+// chunk's tokens (null when not asked).
 nlohmann::json role_chunk(const ResponseIdentity& identity, bool include_usage);  // chat only
 nlohmann::json text_chunk(Endpoint endpoint, const ResponseIdentity& identity,
-                          const std::string& text, bool include_usage);
+                          const std::string& text, bool include_usage,
+                          const nlohmann::json& logprobs = nullptr);
 nlohmann::json finish_chunk(Endpoint endpoint, const ResponseIdentity& identity,
                             const std::string& finish_reason, const RequestStats& stats,
-                            bool include_usage);
+                            bool include_usage, const nlohmann::json& logprobs = nullptr);
 nlohmann::json usage_chunk(Endpoint endpoint, const ResponseIdentity& identity,
                            const RequestStats& stats);
 

@@ -58,7 +58,10 @@ struct Scheduler::Active {
   std::optional<Sampler> sampler;
   std::optional<StreamingDecoder> decoder;
   std::optional<StopStringFilter> filter;
-  int32_t next_token = -1;  // sampled, to be fed at the next step
+  int32_t next_token = -1;                     // sampled, to be fed at the next step
+  std::vector<float> raw_logits;               // the logits before sampling changed them
+  TokenLogprob sampled_logprob;                // of the token sample() just picked
+  std::vector<TokenLogprob> pending_logprobs;  // accepted tokens whose text is not shown yet
   int generated = 0;
   bool prefilled = false;
   bool finished = false;
@@ -89,6 +92,10 @@ std::string Scheduler::device_name() const { return model_->device_name(); }
 std::shared_ptr<RequestStream> Scheduler::submit(SequenceRequest request) {
   request.attention.validate();
   validate_sampler_options(request.generation.sampler);
+  if (request.top_logprobs < -1 || request.top_logprobs > kMaxTopLogprobs) {
+    throw Error("top_logprobs must be from 0 to " + std::to_string(kMaxTopLogprobs) + ", got " +
+                std::to_string(request.top_logprobs));
+  }
   const ModelConfig& config = model_->config();
   const int64_t prompt_tokens = static_cast<int64_t>(request.prompt.size());
   if (prompt_tokens == 0) throw Error("the prompt is empty: at least one token is needed");
@@ -178,9 +185,12 @@ void Scheduler::serve_loop() {
       if (!tail.empty()) {
         StreamEvent text;
         text.text = std::move(tail);
+        text.logprobs = std::move(a.pending_logprobs);
+        a.pending_logprobs.clear();
         a.stream->push(std::move(text));
       }
     }
+    event.logprobs = std::move(a.pending_logprobs);
     event.kind = StreamEvent::Kind::kFinished;
     event.finish_reason = reason;
     event.error = error;
@@ -220,11 +230,14 @@ void Scheduler::serve_loop() {
       return;
     }
     ++a.generated;
+    if (a.request.top_logprobs >= 0) a.pending_logprobs.push_back(std::move(a.sampled_logprob));
     bool stopped = false;
     std::string text = a.filter->push(a.decoder->push(token), stopped);
     if (!text.empty()) {
       StreamEvent event;
       event.text = std::move(text);
+      event.logprobs = std::move(a.pending_logprobs);
+      a.pending_logprobs.clear();
       a.stream->push(std::move(event));
     }
     if (stopped) {
@@ -241,7 +254,11 @@ void Scheduler::serve_loop() {
 
   const auto sample = [&](Active& a, std::span<float> logits) {
     const size_t ids = std::min(logits.size(), static_cast<size_t>(tokenizer_vocab));
-    return a.sampler->sample(logits.subspan(0, ids));
+    if (a.request.top_logprobs < 0) return a.sampler->sample(logits.subspan(0, ids));
+    a.raw_logits.assign(logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>(ids));
+    const int32_t token = a.sampler->sample(logits.subspan(0, ids));
+    a.sampled_logprob = token_logprob(a.raw_logits, token, a.request.top_logprobs);
+    return token;
   };
 
   for (;;) {

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "engine/batch_model.h"
 #include "engine/generation.h"
+#include "engine/token_logprobs.h"
 #include "tokenizer/tokenizer.h"
 
 namespace entropyinfer::serve {
@@ -58,12 +59,18 @@ struct StreamEvent {
   FinishReason finish_reason = FinishReason::kStop;  // kFinished
   std::string error;                                 // kFinished with kError
   RequestStats stats;                                // kFinished
+  // With logprobs asked: the tokens this event's text came from; on kFinished, those whose text
+  // was held back or cut by a stop string. Each generated token appears once, in order.
+  std::vector<TokenLogprob> logprobs;
 };
 
 struct SequenceRequest {
   std::vector<int32_t> prompt;
   GenerationOptions generation;  // max_tokens, sampler, stop ids and strings
   AttentionConfig attention;
+  // -1: no logprobs; else each generated token's logprob with this many alternatives (0 to
+  // kMaxTopLogprobs).
+  int top_logprobs = -1;
 };
 
 // One request's side of the conversation with the scheduler; shared by both.

@@ -215,6 +215,73 @@ test("logit_bias and the penalties change greedy answers as OpenAI defines them"
   );
 });
 
+test("logprobs give each generated token's log-probability under the model", async () => {
+  const request = { model: modelId, prompt: needlePrompt, max_tokens: 6, temperature: 0, logprobs: 3 };
+  const completion = await client.completions.create(request);
+  const [choice] = completion.choices;
+  const { tokens, token_logprobs: logprobs, top_logprobs: tops, text_offset: offsets } = choice.logprobs;
+  assert.equal(tokens.length, completion.usage.completion_tokens);
+  assert.equal(tokens.join(""), choice.text);
+  assert.equal(tokens[0], " oil");
+  let offset = 0;
+  tokens.forEach((token, i) => {
+    assert.equal(offsets[i], offset);
+    offset += Buffer.byteLength(token);
+    assert.ok(logprobs[i] <= 0, `logprob ${logprobs[i]}`);
+    // Greedy: the chosen token is the most likely of the top three, which the map holds.
+    const entries = Object.entries(tops[i]);
+    assert.ok(entries.length >= 3 && entries.length <= 4);
+    assert.equal(tops[i][token], logprobs[i]);
+    assert.equal(Math.max(...entries.map(([, value]) => value)), logprobs[i]);
+    const mass = entries.reduce((sum, [, value]) => sum + Math.exp(value), 0);
+    assert.ok(mass <= 1 + 1e-4, `top mass ${mass}`);
+  });
+
+  // The logprobs are the model's own, before the bias: with " oil" banned, the first token's
+  // alternatives still show " oil" above the token chosen instead.
+  const banned = await client.completions.create({ ...request, logit_bias: { [wordTokenId("oil")]: -100 } });
+  const first = banned.choices[0].logprobs;
+  assert.notEqual(first.tokens[0], " oil");
+  assert.ok(first.top_logprobs[0][" oil"] > first.token_logprobs[0], JSON.stringify(first.top_logprobs[0]));
+
+  // Streamed chat: each content chunk carries its tokens' entries, every generated token once.
+  const stream = await client.chat.completions.create({
+    model: modelId,
+    messages: [{ role: "user", content: "Tell me a story." }],
+    max_tokens: 12,
+    temperature: 0.8,
+    seed: 11,
+    logprobs: true,
+    top_logprobs: 2,
+    stream: true,
+    stream_options: { include_usage: true },
+  });
+  const entries = [];
+  let content = "";
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    const delta = chunk.choices[0];
+    if (!delta) continue;
+    content += delta.delta?.content ?? "";
+    if (delta.logprobs) entries.push(...delta.logprobs.content);
+  }
+  assert.equal(entries.length, usage.completion_tokens);
+  // The tokens spell the content, and a stop string after it when one ended the answer.
+  const spelled = Buffer.concat(entries.map((entry) => Buffer.from(entry.bytes))).toString("utf8");
+  assert.ok(spelled.startsWith(content), `${JSON.stringify(spelled)} vs ${JSON.stringify(content)}`);
+  for (const entry of entries) {
+    assert.equal(entry.top_logprobs.length, 2);
+    assert.ok(entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob);
+    assert.ok(entry.logprob <= entry.top_logprobs[0].logprob);
+  }
+
+  await assert.rejects(
+    client.chat.completions.create({ model: modelId, messages: [{ role: "user", content: "Hi" }], top_logprobs: 2 }),
+    (error) => error instanceof OpenAI.BadRequestError && error.param === "top_logprobs",
+  );
+});
+
 test("refusals raise the SDK's error classes with the field named", async () => {
   await assert.rejects(
     client.completions.create({ model: modelId, prompt: "x", temperature: 5 }),
