@@ -177,11 +177,18 @@ TEST(OpenAiRequest, ChatMessagesWithStringAndTextPartContent) {
 TEST(OpenAiRequest, NeutralValuesOfUnsupportedFieldsAreAccepted) {
   EXPECT_NO_THROW(
       parse_completion({{"prompt", "x"}, {"echo", false}, {"best_of", 1}, {"suffix", ""}}));
+  EXPECT_FALSE(parse_completion({{"prompt", "x"}, {"echo", false}}).echo);
   EXPECT_NO_THROW(parse_chat({{"messages", kUserTurn},
                               {"tool_choice", "none"},
                               {"functions", json::array()},
                               {"top_logprobs", 0},
                               {"parallel_tool_calls", false}}));
+}
+
+TEST(OpenAiRequest, EchoIsACompletionsField) {
+  EXPECT_TRUE(parse_completion({{"prompt", "x"}, {"echo", true}}).echo);
+  expect_completion_refused({{"prompt", "x"}, {"echo", "yes"}}, refused("echo", {"a boolean"}));
+  expect_chat_refused({{"messages", kUserTurn}, {"echo", true}}, refused("echo", {"unrecognized"}));
 }
 
 TEST(OpenAiRequest, LogprobsAreReadPerEndpoint) {
@@ -395,7 +402,8 @@ TEST(OpenAiRequest, UnsupportedFeaturesNameTheField) {
   auto unsupported = [](const std::string& field) {
     return refused(field, {"'" + field + "'", "not supported"});
   };
-  expect_completion_refused({{"prompt", "x"}, {"echo", true}}, unsupported("echo"));
+  expect_completion_refused({{"prompt", "x"}, {"echo", true}, {"logprobs", 1}},
+                            refused("echo", {"'echo' together with 'logprobs'", "not supported"}));
   expect_completion_refused({{"prompt", "x"}, {"best_of", 3}}, unsupported("best_of"));
   expect_completion_refused({{"prompt", "x"}, {"suffix", "end"}}, unsupported("suffix"));
   expect_chat_refused({{"messages", kUserTurn}, {"tools", {{{"type", "function"}}}}},

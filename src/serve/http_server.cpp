@@ -128,6 +128,7 @@ struct StreamState {
   ResponseIdentity identity;
   bool include_usage = false;
   bool logprobs = false;    // asked: each chunk reports its tokens'
+  std::string echo;         // the prompt, sent as the first text chunk
   int64_t text_offset = 0;  // completions' text_offset of the next token
   bool role_sent = false;
   bool finished = false;
@@ -428,7 +429,7 @@ void FrontEnd::record_outcome(const StreamEvent& finished, Clock::time_point sta
 
 void FrontEnd::answer_whole(const CompletionRequest& request, std::shared_ptr<RequestStream> stream,
                             Clock::time_point start, httplib::Response& res) {
-  std::string text;
+  std::string text = request.echo ? request.prompt : std::string();
   std::vector<TokenLogprob> logprobs;
   StreamEvent event;
   for (;;) {
@@ -467,6 +468,7 @@ void FrontEnd::answer_streamed(const CompletionRequest& request,
   state->identity = new_response_identity(request.endpoint, request.model);
   state->include_usage = request.include_usage;
   state->logprobs = request.top_logprobs.has_value();
+  if (request.echo) state->echo = request.prompt;
   state->start = start;
   state->last_write = Clock::now();
   state->in_flight = std::move(in_flight);
@@ -505,6 +507,11 @@ bool FrontEnd::write_stream(StreamState& state, httplib::DataSink& sink) {
   if (state.endpoint == Endpoint::kChatCompletions && !state.role_sent) {
     state.role_sent = true;
     return send(sse_event(role_chunk(state.identity, state.include_usage)));
+  }
+  if (!state.echo.empty()) {
+    const std::string prompt = std::move(state.echo);
+    state.echo.clear();
+    return send(sse_event(text_chunk(state.endpoint, state.identity, prompt, state.include_usage)));
   }
   StreamEvent event;
   if (!state.stream->next(event, kStreamPoll)) {

@@ -137,11 +137,10 @@ int64_t read_integer(const std::string& param, const json& value, int64_t min, i
 }
 
 // Fields that ask for output this server does not produce are refused, unless they ask for what it
-// does anyway (echo false, n 1, tools []), which some clients send by default.
+// does anyway (best_of 1, n 1, tools []), which some clients send by default.
 bool is_neutral(const std::string& key, const json& value) {
   if (value.is_null()) return true;
-  if (key == "echo" || key == "parallel_tool_calls")
-    return value.is_boolean() && !value.get<bool>();
+  if (key == "parallel_tool_calls") return value.is_boolean() && !value.get<bool>();
   if (key == "best_of") return value.is_number_integer() && value.get<int64_t>() == 1;
   if (key == "suffix") return value.is_string() && value.get<std::string>().empty();
   if (key == "logit_bias") return value.is_object() && value.empty();
@@ -155,7 +154,7 @@ bool is_neutral(const std::string& key, const json& value) {
 }
 
 const std::set<std::string>& unsupported_fields(Endpoint endpoint) {
-  static const std::set<std::string> completions = {"echo", "best_of", "suffix"};
+  static const std::set<std::string> completions = {"best_of", "suffix"};
   static const std::set<std::string> chat = {
       "tools",           "tool_choice", "functions",  "function_call", "parallel_tool_calls",
       "response_format", "audio",       "modalities", "prediction"};
@@ -591,6 +590,8 @@ CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view b
       } else {
         request.top_logprobs = static_cast<int>(read_integer(key, value, 0, kMaxTopLogprobs));
       }
+    } else if (!chat && key == "echo") {
+      if (!value.is_null()) request.echo = read_bool(key, value);
     } else if (chat && key == "top_logprobs") {
       if (!value.is_null()) chat_top_logprobs = read_integer(key, value, 0, kMaxTopLogprobs);
     } else if (key == "attention") {
@@ -625,6 +626,13 @@ CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view b
     throw invalid_request("'top_logprobs' needs 'logprobs' to be true", "top_logprobs");
   }
   if (chat_logprobs) request.top_logprobs = static_cast<int>(chat_top_logprobs.value_or(0));
+  if (request.echo && request.top_logprobs) {
+    // Scoring a prompt (echo with logprobs, as evaluation harnesses ask) needs every prompt
+    // token's logits, which the prefill does not compute.
+    throw invalid_request(
+        "'echo' together with 'logprobs' is not supported: the prompt's logprobs are not computed",
+        "echo", "unsupported_parameter");
+  }
   if (max_tokens && max_completion_tokens && *max_tokens != *max_completion_tokens) {
     throw invalid_request("'max_tokens' and 'max_completion_tokens' disagree; give one",
                           "max_completion_tokens");

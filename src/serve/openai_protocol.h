@@ -74,6 +74,7 @@ struct CompletionRequest {
   // Logprobs asked (completions' "logprobs": N, chat's "logprobs": true with "top_logprobs": N):
   // the alternatives per token, 0 to kMaxTopLogprobs; absent when not asked.
   std::optional<int> top_logprobs;
+  bool echo = false;  // completions: the answer's text starts with the prompt's
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   AttentionConfig attention;   // the server's defaults with the request's `attention` applied

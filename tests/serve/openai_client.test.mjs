@@ -282,6 +282,23 @@ test("logprobs give each generated token's log-probability under the model", asy
   );
 });
 
+test("echo puts the prompt before the answer, whole and streamed", async () => {
+  const request = { model: modelId, prompt: "Once upon a time", max_tokens: 8, temperature: 0 };
+  const plain = await client.completions.create(request);
+  const echoed = await client.completions.create({ ...request, echo: true });
+  assert.equal(echoed.choices[0].text, request.prompt + plain.choices[0].text);
+  assert.deepEqual(echoed.usage, plain.usage);
+  const stream = await client.completions.create({ ...request, echo: true, stream: true });
+  const pieces = [];
+  for await (const chunk of stream) pieces.push(chunk.choices[0]?.text ?? "");
+  assert.equal(pieces[0], request.prompt);
+  assert.equal(pieces.join(""), echoed.choices[0].text);
+  await assert.rejects(
+    client.completions.create({ ...request, echo: true, logprobs: 1 }),
+    (error) => error instanceof OpenAI.BadRequestError && error.param === "echo",
+  );
+});
+
 test("refusals raise the SDK's error classes with the field named", async () => {
   await assert.rejects(
     client.completions.create({ model: modelId, prompt: "x", temperature: 5 }),
