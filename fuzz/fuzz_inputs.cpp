@@ -181,6 +181,17 @@ void fuzz_openai_request(const uint8_t* data, size_t size) {
       serve::error_body(error);
     }
   }
+  // The token endpoints read the same bodies.
+  try {
+    serve::parse_tokenize_request(as_text(data, size), served);
+  } catch (const serve::ApiError& error) {
+    serve::error_body(error);
+  }
+  try {
+    serve::parse_detokenize_request(as_text(data, size), served);
+  } catch (const serve::ApiError& error) {
+    serve::error_body(error);
+  }
 }
 
 // Reports given by path to `entropyinfer eval-report`. The report is drawn too: its tables,

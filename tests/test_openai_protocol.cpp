@@ -185,6 +185,48 @@ TEST(OpenAiRequest, NeutralValuesOfUnsupportedFieldsAreAccepted) {
                               {"parallel_tool_calls", false}}));
 }
 
+TEST(TokenEndpoints, TokenizeTakesAPromptOrMessagesAndDetokenizeIdsInTheVocabulary) {
+  const CompletionRequest prompt =
+      parse_tokenize_request(R"({"model": "needle-llama-11m", "prompt": "Hi"})", served_model());
+  EXPECT_EQ(prompt.endpoint, Endpoint::kCompletions);
+  EXPECT_EQ(prompt.prompt, "Hi");
+  const CompletionRequest chat = parse_tokenize_request(
+      R"({"messages": [{"role": "user", "content": "Hi"}]})", served_model());
+  EXPECT_EQ(chat.endpoint, Endpoint::kChatCompletions);
+  ASSERT_EQ(chat.messages.size(), 1u);
+  EXPECT_EQ(parse_detokenize_request(R"({"tokens": [0, 17, 4095]})", served_model()),
+            (std::vector<int32_t>{0, 17, 4095}));
+  EXPECT_TRUE(parse_detokenize_request(R"({"tokens": []})", served_model()).empty());
+
+  const auto tokenize_refused = [](std::string_view body, const Expected& expected) {
+    try {
+      parse_tokenize_request(body, served_model());
+      ADD_FAILURE() << "accepted: " << body;
+    } catch (const ApiError& error) {
+      EXPECT_EQ(error.status, expected.status) << error.message;
+      EXPECT_EQ(error.param, expected.param) << error.message;
+    }
+  };
+  tokenize_refused("{}", refused("prompt", {}));
+  tokenize_refused(R"({"prompt": "a", "messages": []})", refused("messages", {}));
+  tokenize_refused(R"({"prompt": "a", "stream": true})", refused("stream", {}));
+  tokenize_refused(R"({"prompt": "a", "model": "gpt-4"})", {404, "not_found_error", "model", {}});
+  const auto detokenize_refused = [](std::string_view body, const std::string& param) {
+    try {
+      parse_detokenize_request(body, served_model());
+      ADD_FAILURE() << "accepted: " << body;
+    } catch (const ApiError& error) {
+      EXPECT_EQ(error.status, 400) << error.message;
+      EXPECT_EQ(error.param, param) << error.message;
+    }
+  };
+  detokenize_refused("{}", "tokens");
+  detokenize_refused(R"({"tokens": [4096]})", "tokens[0]");
+  detokenize_refused(R"({"tokens": [1, 2.5]})", "tokens[1]");
+  detokenize_refused(R"({"tokens": {"0": 1}})", "tokens");
+  detokenize_refused(R"({"tokens": [1], "prompt": "x"})", "prompt");
+}
+
 TEST(OpenAiRequest, EchoIsACompletionsField) {
   EXPECT_TRUE(parse_completion({{"prompt", "x"}, {"echo", true}}).echo);
   expect_completion_refused({{"prompt", "x"}, {"echo", "yes"}}, refused("echo", {"a boolean"}));

@@ -92,6 +92,7 @@ struct Route {
 const Route* find_route(const std::string& path) {
   static constexpr Route kRoutes[] = {
       {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
+      {"/tokenize", "POST"},       {"/detokenize", "POST"},
       {"/v1/models", "GET"},       {"/health", "GET"},
       {"/metrics", "GET"},         {"/", "GET"},
   };
@@ -271,8 +272,8 @@ HandlerResponse FrontEnd::on_error(const httplib::Request& req, httplib::Respons
         respond_error(res, ApiError(404, "not_found_error",
                                     "no route for " + method + " " + path +
                                         " (routes: POST /v1/completions, POST "
-                                        "/v1/chat/completions, GET /v1/models, GET /health, GET "
-                                        "/metrics, GET /)",
+                                        "/v1/chat/completions, POST /tokenize, POST /detokenize, "
+                                        "GET /v1/models, GET /health, GET /metrics, GET /)",
                                     {}, "unknown_route"));
       }
       break;
@@ -559,6 +560,28 @@ void FrontEnd::install_routes() {
   });
   server_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_generation(Endpoint::kChatCompletions, req, res);
+  });
+  // Token counts before sending a long prompt, as vLLM's and llama.cpp's servers offer them.
+  server_.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    if (needs_key(req) && !authorized(req)) return respond_unauthorized(res);
+    try {
+      const std::vector<int32_t> tokens = tokenize(parse_tokenize_request(req.body, served_));
+      respond_json(res, 200,
+                   {{"count", tokens.size()},
+                    {"max_model_len", scheduler_.context_length()},
+                    {"tokens", tokens}});
+    } catch (const ApiError& error) {
+      respond_error(res, error);
+    }
+  });
+  server_.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    if (needs_key(req) && !authorized(req)) return respond_unauthorized(res);
+    try {
+      respond_json(res, 200,
+                   {{"prompt", tokenizer_.decode(parse_detokenize_request(req.body, served_))}});
+    } catch (const ApiError& error) {
+      respond_error(res, error);
+    }
   });
   server_.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     if (needs_key(req) && !authorized(req)) return respond_unauthorized(res);

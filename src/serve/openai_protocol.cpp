@@ -358,6 +358,18 @@ std::string named_parameter(const std::string& message, const json& defaults) {
   return best_name;
 }
 
+// A request's "model": null, or the served model's id (else 404).
+void check_model(const json& value, const ServedModel& served) {
+  if (value.is_null()) return;
+  const std::string model = read_string("model", value);
+  if (model != served.id) {
+    throw ApiError(
+        404, "not_found_error",
+        "model '" + shorten(model) + "' not found; this server serves '" + served.id + "'", "model",
+        "model_not_found");
+  }
+}
+
 json error_object(const ApiError& error) {
   return {{"message", error.message},
           {"type", error.type},
@@ -526,14 +538,7 @@ CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view b
       request.messages = read_messages(value);
       has_input = true;
     } else if (key == "model") {
-      if (value.is_null()) continue;
-      const std::string model = read_string("model", value);
-      if (model != served.id) {
-        throw ApiError(
-            404, "not_found_error",
-            "model '" + shorten(model) + "' not found; this server serves '" + served.id + "'",
-            "model", "model_not_found");
-      }
+      check_model(value, served);
     } else if (key == "max_tokens") {
       if (!value.is_null()) max_tokens = read_integer(key, value, 1, kMaxRequestTokens);
     } else if (chat && key == "max_completion_tokens") {
@@ -640,6 +645,69 @@ CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view b
   if (max_completion_tokens) max_tokens = max_completion_tokens;
   if (max_tokens) request.max_tokens = static_cast<int>(*max_tokens);
   return request;
+}
+
+CompletionRequest parse_tokenize_request(std::string_view body, const ServedModel& served) {
+  const json root = parse_body(body);
+  if (!root.is_object()) {
+    throw invalid_request("the request body must be a JSON object, got " + kind_of(root));
+  }
+  CompletionRequest request;
+  request.model = served.id;
+  bool has_prompt = false, has_messages = false;
+  for (const auto& [key, value] : root.items()) {
+    if (key == "model") {
+      check_model(value, served);
+    } else if (key == "prompt") {
+      request.prompt = read_prompt(value);
+      has_prompt = true;
+    } else if (key == "messages") {
+      request.messages = read_messages(value);
+      has_messages = true;
+    } else {
+      const std::string name = shorten(key);
+      throw invalid_request("unrecognized request field '" + name + "'", name, "unknown_parameter");
+    }
+  }
+  if (has_prompt == has_messages) {
+    throw invalid_request("give either 'prompt' or 'messages'", has_prompt ? "messages" : "prompt",
+                          has_prompt ? "invalid_value" : "missing_required");
+  }
+  request.endpoint = has_prompt ? Endpoint::kCompletions : Endpoint::kChatCompletions;
+  return request;
+}
+
+std::vector<int32_t> parse_detokenize_request(std::string_view body, const ServedModel& served) {
+  const json root = parse_body(body);
+  if (!root.is_object()) {
+    throw invalid_request("the request body must be a JSON object, got " + kind_of(root));
+  }
+  std::optional<std::vector<int32_t>> tokens;
+  for (const auto& [key, value] : root.items()) {
+    if (key == "model") {
+      check_model(value, served);
+    } else if (key == "tokens") {
+      if (!value.is_array()) wrong_type(key, "an array of token ids", value);
+      if (value.size() > static_cast<size_t>(kMaxDetokenizeTokens)) {
+        throw invalid_request("'tokens' may hold at most " + std::to_string(kMaxDetokenizeTokens) +
+                                  " ids, got " + std::to_string(value.size()),
+                              "tokens", "invalid_value");
+      }
+      const int64_t last_id =
+          served.vocab_size > 0 ? served.vocab_size - 1 : std::numeric_limits<int32_t>::max();
+      tokens.emplace();
+      tokens->reserve(value.size());
+      for (size_t index = 0; index < value.size(); ++index) {
+        tokens->push_back(static_cast<int32_t>(
+            read_integer("tokens[" + std::to_string(index) + "]", value[index], 0, last_id)));
+      }
+    } else {
+      const std::string name = shorten(key);
+      throw invalid_request("unrecognized request field '" + name + "'", name, "unknown_parameter");
+    }
+  }
+  if (!tokens) throw invalid_request("'tokens' is missing", "tokens", "missing_required");
+  return *tokens;
 }
 
 int resolve_max_tokens(const CompletionRequest& request, int64_t prompt_tokens,

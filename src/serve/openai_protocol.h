@@ -86,6 +86,18 @@ struct CompletionRequest {
 CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view body,
                                            const ServedModel& served);
 
+// POST /tokenize, as vLLM's: {"model"?, "prompt"} or {"model"?, "messages"}, read as the
+// completions or the chat endpoint reads them (the endpoint of the result says which), so that
+// the tokens are what a generation request with that input would hold. ApiError as above.
+CompletionRequest parse_tokenize_request(std::string_view body, const ServedModel& served);
+
+// The most ids POST /detokenize takes.
+inline constexpr int64_t kMaxDetokenizeTokens = int64_t{1} << 22;
+
+// POST /detokenize: {"model"?, "tokens": [ids]}, each id inside the vocabulary (when
+// served.vocab_size is set). ApiError as above.
+std::vector<int32_t> parse_detokenize_request(std::string_view body, const ServedModel& served);
+
 // OpenAI's max_tokens default for completions.
 inline constexpr int kDefaultCompletionTokens = 16;
 

@@ -104,6 +104,23 @@ test("malformed JSON, wrong types and unknown fields are 400s naming the problem
   assert.equal(accepted.status, 200, accepted.text);
 });
 
+test("tokenize and detokenize refuse what is not one input or not token ids", async () => {
+  assertError(await post("/tokenize", {}), 400, { param: "prompt", message: /either 'prompt' or 'messages'/ });
+  assertError(await post("/tokenize", { prompt: "a", messages: [{ role: "user", content: "b" }] }), 400, {
+    param: "messages",
+  });
+  assertError(await post("/tokenize", { prompt: 7 }), 400, { param: "prompt" });
+  assertError(await post("/tokenize", { prompt: "a", model: "other" }), 404, { param: "model" });
+  assertError(await post("/tokenize", { prompt: "a", extra: 1 }), 400, { param: "extra", message: /unrecognized/ });
+  assertError(await post("/tokenize", "[1"), 400, { message: /not valid JSON/ });
+  assertError(await post("/detokenize", {}), 400, { param: "tokens" });
+  assertError(await post("/detokenize", { tokens: [1, -1] }), 400, { param: "tokens[1]" });
+  assertError(await post("/detokenize", { tokens: [1e12] }), 400, { param: "tokens[0]" });
+  assertError(await post("/detokenize", { tokens: "1 2" }), 400, { param: "tokens" });
+  const wrongMethod = await get("/tokenize");
+  assertError(wrongMethod, 405, { message: /POST/ });
+});
+
 test("invalid UTF-8, an unknown model and a body over the limit are refused", async () => {
   const invalid = Buffer.concat([Buffer.from('{"prompt": "caf'), Buffer.from([0xc3, 0x28]), Buffer.from('"}')]);
   assertError(await post("/v1/completions", invalid), 400, { message: /UTF-8/ });
@@ -142,6 +159,8 @@ test("without the right key only /health and the page answer", async () => {
     assertError(await post("/v1/completions", "{not json", { headers }), 401, { type: "authentication_error" });
     assertError(await get("/v1/models", { headers }), 401, { type: "authentication_error" });
     assertError(await get("/metrics", { headers }), 401, { type: "authentication_error" });
+    assertError(await post("/tokenize", { prompt: "x" }, { headers }), 401, { type: "authentication_error" });
+    assertError(await post("/detokenize", { tokens: [1] }, { headers }), 401, { type: "authentication_error" });
     assertError(await get("/nowhere", { headers }), 401, { type: "authentication_error" });
   }
   assert.equal((await get("/health", { headers: noKey })).status, 200);

@@ -6,7 +6,7 @@ import { test } from "node:test";
 
 import OpenAI from "openai";
 
-import { apiKey, baseUrl, modelId, needlePrompt, wordTokenId } from "./server_under_test.mjs";
+import { apiKey, baseUrl, contextLength, modelId, needlePrompt, post, wordTokenId } from "./server_under_test.mjs";
 
 const client = new OpenAI({ baseURL: `${baseUrl}/v1`, apiKey, maxRetries: 0, timeout: 60_000 });
 
@@ -297,6 +297,24 @@ test("echo puts the prompt before the answer, whole and streamed", async () => {
     client.completions.create({ ...request, echo: true, logprobs: 1 }),
     (error) => error instanceof OpenAI.BadRequestError && error.param === "echo",
   );
+});
+
+test("tokenize counts what a request holds and detokenize gives the text back", async () => {
+  const prompt = "Once upon a time";
+  const completion = await client.completions.create({ model: modelId, prompt, max_tokens: 1, temperature: 0 });
+  const counted = await post("/tokenize", { model: modelId, prompt });
+  assert.equal(counted.status, 200, counted.text);
+  assert.equal(counted.json.count, completion.usage.prompt_tokens);
+  assert.equal(counted.json.tokens.length, counted.json.count);
+  assert.equal(counted.json.max_model_len, contextLength);
+  const messages = [{ role: "user", content: prompt }];
+  const chat = await client.chat.completions.create({ model: modelId, messages, max_tokens: 1, temperature: 0 });
+  const chatCounted = await post("/tokenize", { messages });
+  assert.equal(chatCounted.json.count, chat.usage.prompt_tokens);
+  // The prompt's ids (after BOS) decode to the prompt.
+  const text = await post("/detokenize", { tokens: counted.json.tokens.slice(1) });
+  assert.equal(text.status, 200, text.text);
+  assert.equal(text.json.prompt, prompt);
 });
 
 test("refusals raise the SDK's error classes with the field named", async () => {
