@@ -590,14 +590,7 @@ void FrontEnd::install_routes() {
   server_.Get("/v1/models/(.+)", [this](const httplib::Request& req, httplib::Response& res) {
     if (needs_key(req) && !authorized(req)) return respond_unauthorized(res);
     const std::string id = req.matches[1];
-    if (id != config_.model_id) {
-      return respond_error(res, ApiError(404, "not_found_error",
-                                         "model '" + shorten(id) +
-                                             "' not found; this server "
-                                             "serves '" +
-                                             config_.model_id + "'",
-                                         "model", "model_not_found"));
-    }
+    if (id != config_.model_id) return respond_error(res, model_not_found(id, config_.model_id));
     respond_json(res, 200, model_object(config_.model_id, started_));
   });
   server_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {

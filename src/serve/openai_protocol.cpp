@@ -212,6 +212,20 @@ json parse_body(std::string_view body) {
   }
 }
 
+// A request body that must be one JSON object (parse_body's rules).
+json parse_object_body(std::string_view body) {
+  json root = parse_body(body);
+  if (!root.is_object()) {
+    throw invalid_request("the request body must be a JSON object, got " + kind_of(root));
+  }
+  return root;
+}
+
+[[noreturn]] void unknown_field(const std::string& key) {
+  const std::string name = shorten(key);
+  throw invalid_request("unrecognized request field '" + name + "'", name, "unknown_parameter");
+}
+
 std::string read_prompt(const json& value) {
   if (value.is_string()) return value.get<std::string>();
   if (!value.is_array()) wrong_type("prompt", "a string or an array of one string", value);
@@ -362,12 +376,7 @@ std::string named_parameter(const std::string& message, const json& defaults) {
 void check_model(const json& value, const ServedModel& served) {
   if (value.is_null()) return;
   const std::string model = read_string("model", value);
-  if (model != served.id) {
-    throw ApiError(
-        404, "not_found_error",
-        "model '" + shorten(model) + "' not found; this server serves '" + served.id + "'", "model",
-        "model_not_found");
-  }
+  if (model != served.id) throw model_not_found(model, served.id);
 }
 
 json error_object(const ApiError& error) {
@@ -413,6 +422,13 @@ ApiError::ApiError(int status_code, std::string error_type, std::string error_me
 ApiError invalid_request(std::string message, std::string param, std::string code) {
   return ApiError(400, "invalid_request_error", std::move(message), std::move(param),
                   std::move(code));
+}
+
+ApiError model_not_found(const std::string& model, const std::string& served_id) {
+  return ApiError(
+      404, "not_found_error",
+      "model '" + shorten(model) + "' not found; this server serves '" + served_id + "'", "model",
+      "model_not_found");
 }
 
 std::string error_body(const ApiError& error) {
@@ -509,10 +525,7 @@ AttentionConfig merge_attention(const json& attention, const AttentionConfig& de
 
 CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view body,
                                            const ServedModel& served) {
-  const json root = parse_body(body);
-  if (!root.is_object()) {
-    throw invalid_request("the request body must be a JSON object, got " + kind_of(root));
-  }
+  const json root = parse_object_body(body);
   const bool chat = endpoint == Endpoint::kChatCompletions;
   CompletionRequest request;
   request.endpoint = endpoint;
@@ -604,8 +617,7 @@ CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view b
     } else if (refused.count(key) > 0) {
       if (!is_neutral(key, value)) unsupported(key);
     } else {
-      const std::string name = shorten(key);
-      throw invalid_request("unrecognized request field '" + name + "'", name, "unknown_parameter");
+      unknown_field(key);
     }
   }
 
@@ -648,10 +660,7 @@ CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view b
 }
 
 CompletionRequest parse_tokenize_request(std::string_view body, const ServedModel& served) {
-  const json root = parse_body(body);
-  if (!root.is_object()) {
-    throw invalid_request("the request body must be a JSON object, got " + kind_of(root));
-  }
+  const json root = parse_object_body(body);
   CompletionRequest request;
   request.model = served.id;
   bool has_prompt = false, has_messages = false;
@@ -665,8 +674,7 @@ CompletionRequest parse_tokenize_request(std::string_view body, const ServedMode
       request.messages = read_messages(value);
       has_messages = true;
     } else {
-      const std::string name = shorten(key);
-      throw invalid_request("unrecognized request field '" + name + "'", name, "unknown_parameter");
+      unknown_field(key);
     }
   }
   if (has_prompt == has_messages) {
@@ -678,10 +686,7 @@ CompletionRequest parse_tokenize_request(std::string_view body, const ServedMode
 }
 
 std::vector<int32_t> parse_detokenize_request(std::string_view body, const ServedModel& served) {
-  const json root = parse_body(body);
-  if (!root.is_object()) {
-    throw invalid_request("the request body must be a JSON object, got " + kind_of(root));
-  }
+  const json root = parse_object_body(body);
   std::optional<std::vector<int32_t>> tokens;
   for (const auto& [key, value] : root.items()) {
     if (key == "model") {
@@ -702,8 +707,7 @@ std::vector<int32_t> parse_detokenize_request(std::string_view body, const Serve
             read_integer("tokens[" + std::to_string(index) + "]", value[index], 0, last_id)));
       }
     } else {
-      const std::string name = shorten(key);
-      throw invalid_request("unrecognized request field '" + name + "'", name, "unknown_parameter");
+      unknown_field(key);
     }
   }
   if (!tokens) throw invalid_request("'tokens' is missing", "tokens", "missing_required");
@@ -777,6 +781,7 @@ json entropyinfer_stats_json(const RequestStats& stats) {
 
 json logprobs_json(Endpoint endpoint, std::span<const TokenLogprob> tokens,
                    const Tokenizer& tokenizer, int64_t& text_offset) {
+  // Chat has no text offsets: only completions read and advance text_offset.
   const auto value = [](float logprob) {
     return std::isfinite(logprob) ? std::max<double>(logprob, kLogprobFloor) : kLogprobFloor;
   };
@@ -816,7 +821,6 @@ json logprobs_json(Endpoint endpoint, std::span<const TokenLogprob> tokens,
     }
     item["top_logprobs"] = std::move(top);
     content.push_back(std::move(item));
-    text_offset += static_cast<int64_t>(tokenizer.token_bytes(token.token).size());
   }
   return {{"content", std::move(content)}, {"refusal", nullptr}};
 }

@@ -40,6 +40,9 @@ class ApiError : public Error {
 // 400 invalid_request_error naming `param`.
 ApiError invalid_request(std::string message, std::string param = {}, std::string code = {});
 
+// 404 not_found_error for a model other than the served one, naming both.
+ApiError model_not_found(const std::string& model, const std::string& served_id);
+
 // OpenAI's error body for `error`.
 std::string error_body(const ApiError& error);
 
@@ -141,8 +144,8 @@ inline constexpr double kLogprobFloor = -9999.0;
 // turns bytes that are not UTF-8 into U+FFFD; chat's "bytes" keeps them). Completions: "tokens",
 // "token_logprobs", "top_logprobs" (the alternatives and the chosen token, text to logprob) and
 // "text_offset" (UTF-8 bytes of the answer before each token, counted on from `text_offset`,
-// which it advances). Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs"}],
-// "refusal": null}.
+// which it advances; chat leaves it alone). Chat: {"content": [{"token", "logprob", "bytes",
+// "top_logprobs"}], "refusal": null}.
 nlohmann::json logprobs_json(Endpoint endpoint, std::span<const TokenLogprob> tokens,
                              const Tokenizer& tokenizer, int64_t& text_offset);
 

@@ -185,12 +185,11 @@ void Scheduler::serve_loop() {
       if (!tail.empty()) {
         StreamEvent text;
         text.text = std::move(tail);
-        text.logprobs = std::move(a.pending_logprobs);
-        a.pending_logprobs.clear();
+        text.logprobs = std::exchange(a.pending_logprobs, {});
         a.stream->push(std::move(text));
       }
     }
-    event.logprobs = std::move(a.pending_logprobs);
+    event.logprobs = std::exchange(a.pending_logprobs, {});
     event.kind = StreamEvent::Kind::kFinished;
     event.finish_reason = reason;
     event.error = error;
@@ -236,8 +235,7 @@ void Scheduler::serve_loop() {
     if (!text.empty()) {
       StreamEvent event;
       event.text = std::move(text);
-      event.logprobs = std::move(a.pending_logprobs);
-      a.pending_logprobs.clear();
+      event.logprobs = std::exchange(a.pending_logprobs, {});
       a.stream->push(std::move(event));
     }
     if (stopped) {
