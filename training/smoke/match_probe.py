@@ -101,6 +101,52 @@ def looped_attention(q, k, v, causal):
     return torch.stack(rows).view(b, h, t, d)
 
 
+class ReferenceBlock(torch.nn.Module):
+    """A GPT-2 style block: LayerNorm, one fused q/k/v product with biases, GELU MLP."""
+
+    def __init__(self, hidden, heads):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = torch.nn.LayerNorm(hidden)
+        self.qkv = torch.nn.Linear(hidden, 3 * hidden)
+        self.out = torch.nn.Linear(hidden, hidden)
+        self.norm2 = torch.nn.LayerNorm(hidden)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(hidden, 4 * hidden), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * hidden, hidden))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(d, -1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = train.attention(q, k, v, True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.out(y)
+        return x + self.mlp(self.norm2(x))
+
+
+class ReferenceLM(torch.nn.Module):
+    """A control model that shares nothing with train.CausalLM but the attention function: learned
+    absolute positions instead of RoPE, LayerNorm instead of RMSNorm, GELU instead of SwiGLU, an
+    untied classifier, full multi-head attention. If it matches keys where CausalLM does not, the
+    difference is in the model; if neither does, it is in the task or the recipe."""
+
+    def __init__(self, vocab, hidden, layers, heads, length):
+        super().__init__()
+        self.tokens = torch.nn.Embedding(vocab, hidden)
+        self.positions = torch.nn.Embedding(length, hidden)
+        self.blocks = torch.nn.ModuleList(ReferenceBlock(hidden, heads) for _ in range(layers))
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.head = torch.nn.Linear(hidden, vocab)
+        for param in self.parameters():
+            if param.dim() >= 2:
+                torch.nn.init.normal_(param, std=0.02)
+
+    def forward(self, ids):
+        x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
 def make_repeat_sample(rng, length, alphabet):
     """A random passage over `alphabet` filler ids, then the same passage again: every id of the
     second copy is predictable by matching what came before it, and with a small alphabet only a
@@ -157,6 +203,8 @@ def parse_args(argv=None):
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--rope-theta", type=float, default=1e6)
+    p.add_argument("--model", choices=["llama", "reference"], default="llama",
+                   help="train.CausalLM, or ReferenceLM (a GPT-2 style control that shares none of its parts)")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--lm-weight", type=float, default=0.0,
@@ -182,11 +230,14 @@ def run_probe(a, label=""):
     cfg = dict(vocab=VOCAB, hidden=a.hidden, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads,
                head_dim=a.hidden // a.heads, intermediate=3 * a.hidden, rope_theta=a.rope_theta,
                max_position=a.length, rms_norm_eps=1e-5)
-    model = train.CausalLM(cfg, a.length).to(a.device)
-    model.init_weights()
+    if a.model == "reference":
+        model = ReferenceLM(VOCAB, a.hidden, a.layers, a.heads, a.length).to(a.device)
+    else:
+        model = train.CausalLM(cfg, a.length).to(a.device)
+        model.init_weights()
     optimizer = train.make_optimizer(model, {"lr": a.lr, "weight_decay": 0.1}, a.device)
     cuda = a.device.startswith("cuda")
-    print(f"{label}format {a.format}, {a.layers} layers x {a.hidden}, {sum(x.numel() for x in model.parameters())} "
+    print(f"{label}{a.model} model, format {a.format}, {a.layers} layers x {a.hidden}, {sum(x.numel() for x in model.parameters())} "
           f"parameters, {a.min_needles}-{a.max_needles} needles in {a.length} ids, {a.device}"
           + (f", {a.repeat_share:.0%} repeated passages over {a.repeat_alphabet} ids" if a.repeat_share else ""),
           flush=True)
