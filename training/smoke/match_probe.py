@@ -86,6 +86,25 @@ def make_sample(rng, fmt, length, min_needles, max_needles, questions):
     return ids, answers, n
 
 
+def check_samples(fmt, count, length, min_needles, max_needles, questions, seed=0):
+    """Wrong samples among `count`: an asked key that the haystack holds other than once, or whose
+    needle does not hold the answer at the answer position."""
+    key_in_question = {"adjacent": 1, "recall": 2, "question": 4}[fmt]
+    value_after_key = 1 if fmt == "adjacent" else 2
+    rng = random.Random(seed)
+    wrong = 0
+    for _ in range(count):
+        ids, answers, _ = make_sample(rng, fmt, length, min_needles, max_needles, questions)
+        body_end = answers[0] - len(question(fmt, 0))
+        for at in answers:
+            key = ids[at - key_in_question]
+            places = [i for i in range(body_end) if ids[i] == key]
+            if len(places) != 1 or ids[places[0] + value_after_key] != ids[at]:
+                wrong += 1
+                break
+    return wrong
+
+
 def looped_attention(q, k, v, causal):
     """train.attention for Debian's CPU torch, whose batched matmul runs about 40x slower than a
     loop of 2-D products (no MKL)."""
@@ -218,6 +237,9 @@ def parse_args(argv=None):
                    help="processes making batches (default: 8 on a GPU, at most the spare cores; 0 on the CPU)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--report-seconds", type=float, default=20)
+    p.add_argument("--check-data", type=int, default=0, metavar="N",
+                   help="check N samples of the format (each asked key once in the haystack, its needle "
+                        "holding the answer) and exit")
     p.add_argument("--sweep", default="",
                    help="run one probe per ';'-separated set of extra arguments, each for --seconds, and "
                         "print a table last, e.g. '--format recall;--format question --layers 4'")
@@ -310,6 +332,10 @@ def run_probe(a, label=""):
 
 def main():
     a = parse_args()
+    if a.check_data:
+        wrong = check_samples(a.format, a.check_data, a.length, a.min_needles, a.max_needles, a.questions)
+        print(f"{a.format}: {wrong} of {a.check_data} samples wrong")
+        sys.exit(1 if wrong else 0)
     if a.workers is None:
         a.workers = min(8, (os.cpu_count() or 1) - 1) if a.device.startswith("cuda") else 0
     torch.set_num_threads(a.threads)
