@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 
 #include "core/error.h"
 #include "serve/chat_page.h"
@@ -510,8 +511,7 @@ bool FrontEnd::write_stream(StreamState& state, httplib::DataSink& sink) {
     return send(sse_event(role_chunk(state.identity, state.include_usage)));
   }
   if (!state.echo.empty()) {
-    const std::string prompt = std::move(state.echo);
-    state.echo.clear();
+    const std::string prompt = std::exchange(state.echo, {});
     return send(sse_event(text_chunk(state.endpoint, state.identity, prompt, state.include_usage)));
   }
   StreamEvent event;
