@@ -29,9 +29,12 @@ run() {  # run TREE LABEL FLAGS...
   local tree=$1 label=$2
   shift 2
   echo "== ${label}" | tee -a "${log}"
-  timeout -k 10 240 "${tree}/build-gpu/entropyinfer_gpu_bench" model "$@" --prefill '' \
-    --decode-contexts "${contexts}" --json "${out}/ab-${label}.json" 2>&1 | grep -i "decode\|error" |
-    tee -a "${log}"
+  if ! timeout -k 10 240 "${tree}/build-gpu/entropyinfer_gpu_bench" model "$@" --prefill '' \
+    --decode-contexts "${contexts}" --json "${out}/ab-${label}.json" > "/tmp/ab-${label}.out" 2>&1; then
+    echo "FAILED: ${label}" | tee -a "${log}"
+    tail -20 "/tmp/ab-${label}.out" >> "${log}"
+  fi
+  grep -i "decode" "/tmp/ab-${label}.out" | tee -a "${log}"
 }
 if [[ "${AB_BF16:-1}" == 1 ]]; then
   run "${base}" base-bf16
