@@ -65,5 +65,54 @@ TEST(TokenLogprob, MinusInfinityIsAnImpossibleTokenAndBadArgumentsAreErrors) {
                                "logits that are all -inf");
 }
 
+// Each row scored as token_logprob scores it alone, over the row's first scored_ids logits only.
+TEST(NextTokenLogprobs, EachRowIsTokenLogprobOfItsPrefixInRowOrder) {
+  std::mt19937 generator(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  constexpr int64_t kWidth = 40, kScored = 32, kRows = 9;
+  std::vector<float> rows(kRows * kWidth);
+  for (float& logit : rows) logit = normal(generator);
+  // Padding logits past the scored ids are large: counting them would change every logprob.
+  for (int64_t r = 0; r < kRows; ++r) rows[r * kWidth + kScored] = 50.0f;
+  const std::vector<int32_t> next = {0, 5, 31, 7, 7, 2, 30, 1, 12};
+  std::vector<TokenLogprob> out(1);  // appended after what is there
+  append_next_token_logprobs(rows, kWidth, kScored, next, 3, out);
+  ASSERT_EQ(out.size(), 1u + kRows);
+  for (int64_t r = 0; r < kRows; ++r) {
+    const std::span<const float> row(rows.data() + r * kWidth, kScored);
+    const TokenLogprob alone = token_logprob(row, next[r], 3);
+    const TokenLogprob& got = out[1 + r];
+    EXPECT_EQ(got.token, next[r]);
+    EXPECT_EQ(got.logprob, alone.logprob) << r;
+    ASSERT_EQ(got.top.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(got.top[i].token, alone.top[i].token) << r;
+      EXPECT_EQ(got.top[i].logprob, alone.top[i].logprob) << r;
+      EXPECT_LT(got.top[i].token, kScored) << "a padding id among the alternatives";
+    }
+  }
+}
+
+TEST(NextTokenLogprobs, BadShapesAndTokensAreErrorsThatAppendNothing) {
+  const std::vector<float> rows(2 * 4, 0.0f);
+  std::vector<TokenLogprob> out;
+  testing::expect_error_naming(
+      [&] {
+        append_next_token_logprobs(rows, 4, 4, std::vector<int32_t>{1, 2, 3}, 0, out);
+      },
+      {"8 logits", "3 rows of 4"}, "fewer logits than rows");
+  testing::expect_error_naming(
+      [&] {
+        append_next_token_logprobs(rows, 4, 5, std::vector<int32_t>{1, 2}, 0, out);
+      },
+      {"5 scored"}, "more scored ids than the row holds");
+  testing::expect_error_naming(
+      [&] {
+        append_next_token_logprobs(rows, 4, 3, std::vector<int32_t>{1, 3}, 0, out);
+      },
+      {"token id 3", "3 logits"}, "a next token past the scored ids");
+  EXPECT_TRUE(out.empty());
+}
+
 }  // namespace
 }  // namespace entropyinfer

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <string>
 
@@ -58,6 +59,38 @@ TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top
   std::sort(best.begin(), best.end(), better);
   result.top = std::move(best);
   return result;
+}
+
+void append_next_token_logprobs(std::span<const float> rows, int64_t row_width, int64_t scored_ids,
+                                std::span<const int32_t> next_tokens, int top,
+                                std::vector<TokenLogprob>& out) {
+  const auto count = static_cast<int64_t>(next_tokens.size());
+  if (row_width <= 0 || scored_ids <= 0 || scored_ids > row_width ||
+      static_cast<int64_t>(rows.size()) != count * row_width) {
+    throw Error("logprobs: " + std::to_string(rows.size()) + " logits are not " +
+                std::to_string(count) + " rows of " + std::to_string(row_width) + " with " +
+                std::to_string(scored_ids) + " scored");
+  }
+  const size_t first = out.size();
+  out.resize(first + next_tokens.size());
+  // A row is a whole vocabulary pass; errors leave the loop as text, since exceptions may not.
+  std::vector<std::string> errors(next_tokens.size());
+#pragma omp parallel for schedule(static) if (count > 1)
+  for (int64_t r = 0; r < count; ++r) {
+    try {
+      out[first + static_cast<size_t>(r)] = token_logprob(
+          rows.subspan(static_cast<size_t>(r * row_width), static_cast<size_t>(scored_ids)),
+          next_tokens[static_cast<size_t>(r)], top);
+    } catch (const std::exception& error) {
+      errors[static_cast<size_t>(r)] = error.what();
+    }
+  }
+  for (const std::string& error : errors) {
+    if (!error.empty()) {
+      out.resize(first);
+      throw Error(error);
+    }
+  }
 }
 
 }  // namespace entropyinfer

@@ -27,4 +27,12 @@ struct TokenLogprob {
 // is finite. A -inf logit gives a -inf logprob.
 TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top);
 
+// A prompt's scores: row r of `rows` ([next_tokens.size()][row_width]) holds the logits after
+// some token, and next_tokens[r] is the token that actually followed; each gets token_logprob over
+// the row's first `scored_ids` logits (a tokenizer's ids, where the model pads its vocabulary past
+// them; row_width for all), appended to `out` in row order. Rows run in parallel.
+void append_next_token_logprobs(std::span<const float> rows, int64_t row_width, int64_t scored_ids,
+                                std::span<const int32_t> next_tokens, int top,
+                                std::vector<TokenLogprob>& out);
+
 }  // namespace entropyinfer
