@@ -16,6 +16,7 @@
 #include "engine/cpu_executor.h"
 #include "engine/prefill_work.h"
 #include "engine/sampler.h"
+#include "engine/token_logprobs.h"
 #include "engine/transformer.h"
 #include "expect_error.h"
 #include "model/model_weights.h"
@@ -287,6 +288,115 @@ TEST_F(BatchModelTest, PrefillRunsLayersWhileTheStepBudgetLasts) {
     }
     batch->close(id);
   }
+}
+
+}  // namespace
+}  // namespace entropyinfer
+
+namespace entropyinfer {
+namespace {
+
+// Prompt scores asked of a sequence that prefills a layer per step beside a decoding one are
+// token_logprob of the single-sequence executor's all_logits rows, for prompts longer than a
+// chunk of rows (the CPU projects 256 at a time) under a dense and a sparse prefill; asking
+// changes neither the last row's logits nor the decoding sequence's.
+TEST_F(BatchModelTest, PromptLogprobsAreTheAllLogitsRowsScoredAgainstTheNextToken) {
+  constexpr int kTop = 3;
+  const int vocab = weights_->config.vocab_size;
+  BatchModelOptions options;
+  options.pool_bytes = int64_t{64} << 20;
+  std::unique_ptr<BatchModel> batch = make_batch_model(*weights_, options);
+  const PrefillWork work(weights_->config);
+  for (const auto& [methods, tokens] :
+       std::vector<std::pair<std::string, int>>{{"full", 600}, {"entropy+snapkv", 530}}) {
+    SCOPED_TRACE(methods);
+    const AttentionConfig attention = testing::small_budgets(methods);
+    const std::vector<int32_t> prompt = random_prompt(tokens, vocab, 23);
+    Transformer alone(*weights_, 0, attention);
+    const std::vector<float> rows = alone.forward(prompt, /*all_logits=*/true);
+    ASSERT_EQ(rows.size(), prompt.size() * static_cast<size_t>(vocab));
+
+    // A neighbour decoding, so that the prefill runs in slices between decode steps.
+    const BatchModel::SequenceId neighbour = batch->open(AttentionConfig{}, {1, 2, 3}, 16);
+    BatchModel::StepInput input;
+    input.prefill = neighbour;
+    input.prefill_budget = std::numeric_limits<double>::infinity();
+    const BatchModel::StepOutput neighbour_prefill = batch->step(input);
+    ASSERT_TRUE(neighbour_prefill.prefill_done);
+    EXPECT_TRUE(neighbour_prefill.prompt_logprobs.empty()) << "not asked";
+
+    const BatchModel::SequenceId id = batch->open(attention, prompt, 2);
+    batch->ask_prompt_logprobs(id, kTop, 0);
+    input.prefill = id;
+    input.prefill_budget = 0;  // a layer per step
+    input.decode = {neighbour};
+    input.decode_tokens = {4};
+    BatchModel::StepOutput output;
+    int steps = 0;
+    do {
+      output = batch->step(input);
+      ++steps;
+      if (!output.prefill_done) {
+        EXPECT_TRUE(output.prompt_logprobs.empty());
+      }
+    } while (!output.prefill_done && steps <= batch->num_layers());
+    ASSERT_TRUE(output.prefill_done);
+    EXPECT_EQ(steps, batch->num_layers());
+    EXPECT_EQ(max_abs_difference(output.prefill_logits, rows.data() + (tokens - 1) * vocab), 0.0);
+
+    ASSERT_EQ(output.prompt_logprobs.size(), prompt.size() - 1);
+    double worst = 0.0;
+    for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+      const std::span<const float> row(rows.data() + i * vocab, static_cast<size_t>(vocab));
+      const TokenLogprob expected = token_logprob(row, prompt[i + 1], kTop);
+      const TokenLogprob& got = output.prompt_logprobs[i];
+      ASSERT_EQ(got.token, prompt[i + 1]) << i;
+      worst = std::max(worst, std::fabs(double(got.logprob) - expected.logprob));
+      ASSERT_EQ(got.top.size(), static_cast<size_t>(kTop)) << i;
+      for (int k = 0; k < kTop; ++k) {
+        EXPECT_EQ(got.top[k].token, expected.top[k].token) << i;
+        worst = std::max(worst, std::fabs(double(got.top[k].logprob) - expected.top[k].logprob));
+      }
+    }
+    // The same executor and rows: identical, not merely close.
+    EXPECT_EQ(worst, 0.0);
+    batch->close(id);
+    batch->close(neighbour);
+    EXPECT_EQ(batch->pool_usage().pages_used, 0);
+  }
+}
+
+TEST_F(BatchModelTest, PromptLogprobsScoreOnlyTheGivenIdsAndAreRefusedOnceThePrefillBegan) {
+  BatchModelOptions options;
+  options.pool_bytes = int64_t{16} << 20;
+  std::unique_ptr<BatchModel> batch = make_batch_model(*weights_, options);
+  const int vocab = weights_->config.vocab_size;
+  const std::vector<int32_t> prompt = {1, 40, 7, 99, 12};
+  const BatchModel::SequenceId id = batch->open(AttentionConfig{}, prompt, 1);
+  EXPECT_ERROR("21 alternatives", batch->ask_prompt_logprobs(id, 21, 0));
+  EXPECT_ERROR("scored ids", batch->ask_prompt_logprobs(id, 2, vocab + 1));
+  EXPECT_ERROR("no sequence 77", batch->ask_prompt_logprobs(77, 2, 0));
+  constexpr int kScored = 100;  // every prompt id is below it
+  batch->ask_prompt_logprobs(id, 20, kScored);
+  BatchModel::StepInput input;
+  input.prefill = id;
+  input.prefill_budget = 0;
+  BatchModel::StepOutput output = batch->step(input);
+  ASSERT_FALSE(output.prefill_done);
+  EXPECT_ERROR("has begun its prefill", batch->ask_prompt_logprobs(id, 2, 0));
+  while (!output.prefill_done) output = batch->step(input);
+  ASSERT_EQ(output.prompt_logprobs.size(), prompt.size() - 1);
+  for (const TokenLogprob& scored : output.prompt_logprobs) {
+    ASSERT_EQ(scored.top.size(), 20u);
+    double mass = 0.0;
+    for (const TokenAlternative& alternative : scored.top) {
+      EXPECT_LT(alternative.token, kScored);
+      mass += std::exp(double(alternative.logprob));
+    }
+    EXPECT_LE(mass, 1.0 + 1e-5);
+    EXPECT_LE(scored.logprob, scored.top.front().logprob);
+  }
+  batch->close(id);
 }
 
 }  // namespace

@@ -303,6 +303,9 @@ class RecordingBatchModel : public BatchModel {
     return model_->open(attention, std::move(prompt), max_new_tokens);
   }
   void close(SequenceId sequence) override { model_->close(sequence); }
+  void ask_prompt_logprobs(SequenceId sequence, int top, int scored_ids) override {
+    model_->ask_prompt_logprobs(sequence, top, scored_ids);
+  }
   StepOutput step(const StepInput& input) override {
     steps_->push_back({input.prefill >= 0, input.decode.size(), input.prefill_budget});
     return model_->step(input);

@@ -19,6 +19,7 @@
 
 #include "attention/attention_config.h"
 #include "engine/language_model.h"
+#include "engine/token_logprobs.h"
 #include "model/model_config.h"
 #include "model/model_weights.h"
 
@@ -62,6 +63,12 @@ class BatchModel {
                           int max_new_tokens) = 0;
   // Forgets the sequence and returns its pages to the pool.
   virtual void close(SequenceId sequence) = 0;
+  // Asks for the prompt's own scores (OpenAI's echo with logprobs): the step that ends the
+  // sequence's prefill returns them in StepOutput::prompt_logprobs. Every prompt row then runs
+  // through the last layer and the output head (in chunks of rows, never all at once). `top`
+  // alternatives (0 to kMaxTopLogprobs) over the first `scored_ids` logits of each row (0: all).
+  // Error once its prefill has begun.
+  virtual void ask_prompt_logprobs(SequenceId sequence, int top, int scored_ids) = 0;
 
   struct StepInput {
     std::vector<SequenceId> decode;      // sequences past their prefill, one new token each
@@ -76,6 +83,9 @@ class BatchModel {
     std::span<float> decode_logits;
     bool prefill_done = false;          // the prefill ran its last layer in this step
     std::vector<float> prefill_logits;  // [vocab], the prompt's last token, when prefill_done
+    // When prefill_done and asked (ask_prompt_logprobs): prompt tokens 1 .. n-1, each scored under
+    // the logits of the position before it (the first token has nothing before it).
+    std::vector<TokenLogprob> prompt_logprobs;
   };
   // Error when a sequence is unknown, appears twice, decodes before its prefill is done or past
   // its context, or when the pool has no page left for a new row (callers admit by
@@ -113,6 +123,15 @@ class BatchModel {
 // returns the rows the sequence may hold (prompt plus answer).
 int check_batch_request(const ModelConfig& config, int context, std::span<const int32_t> prompt,
                         int max_new_tokens);
+
+// What ask_prompt_logprobs reports, a chunk of rows at a time: `rows` are the logits of prompt
+// positions [first_row, first_row + rows.size() / vocab); row r scores prompt[r + 1] and the
+// prompt's last row scores nothing. Appends to `out` in order. Throws Error for a bad shape.
+void append_prompt_logprobs(std::span<const int32_t> prompt, int64_t first_row,
+                            std::span<const float> rows, int64_t vocab, int top, int scored_ids,
+                            std::vector<TokenLogprob>& out);
+// ask_prompt_logprobs' check of its arguments, on every executor.
+void check_prompt_logprobs_request(const ModelConfig& config, int top, int scored_ids);
 
 // The batch executor on `options.device` (engine/make_language_model.cpp). Error for a device this
 // build or machine lacks.

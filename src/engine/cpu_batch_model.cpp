@@ -1,6 +1,7 @@
 // The CPU BatchModel: sequences of one CpuExecutor, their caches charged to one KvPagePool.
 #include <omp.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -38,6 +39,15 @@ class CpuBatchModel : public BatchModel {
 
   void close(SequenceId sequence) override { sequences_.erase(sequence); }
 
+  void ask_prompt_logprobs(SequenceId sequence, int top, int scored_ids) override {
+    check_prompt_logprobs_request(weights_.config, top, scored_ids);
+    Entry& entry = find(sequence);
+    if (entry.job || !CpuExecutor::schedule(*entry.sequence).is_prefill())
+      throw Error("sequence " + std::to_string(sequence) + " has begun its prefill");
+    entry.prompt_logprobs_top = top;
+    entry.scored_ids = scored_ids;
+  }
+
   StepOutput step(const StepInput& input) override {
     StepOutput output;
     if (input.decode.size() != input.decode_tokens.size())
@@ -60,7 +70,9 @@ class CpuBatchModel : public BatchModel {
       Entry& entry = find(input.prefill);
       if (!CpuExecutor::schedule(*entry.sequence).is_prefill())
         throw Error("sequence " + std::to_string(input.prefill) + " has finished its prefill");
-      if (!entry.job) entry.job = executor_.begin_span(*entry.sequence, entry.prompt, false);
+      const bool scores_prompt = entry.prompt_logprobs_top >= 0;
+      if (!entry.job)
+        entry.job = executor_.begin_span(*entry.sequence, entry.prompt, scores_prompt);
       // The CPU's slice is a whole layer.
       const double layer_cost = work_.layer(static_cast<int64_t>(entry.prompt.size()));
       double spent = 0;
@@ -69,7 +81,18 @@ class CpuBatchModel : public BatchModel {
         spent += layer_cost;
       } while (spent < input.prefill_budget && !executor_.span_layers_done(*entry.job));
       if (executor_.span_layers_done(*entry.job)) {
-        output.prefill_logits = executor_.finish_span(*entry.job);
+        if (scores_prompt) {
+          const int64_t vocab = weights_.config.vocab_size;
+          output.prompt_logprobs.reserve(entry.prompt.size() - 1);
+          output.prefill_logits = executor_.finish_span(
+              *entry.job, [&](int64_t first_row, std::span<const float> rows) {
+                append_prompt_logprobs(entry.prompt, first_row, rows, vocab,
+                                       entry.prompt_logprobs_top, entry.scored_ids,
+                                       output.prompt_logprobs);
+              });
+        } else {
+          output.prefill_logits = executor_.finish_span(*entry.job);
+        }
         output.prefill_done = true;
         entry.job.reset();
       }
@@ -120,7 +143,9 @@ class CpuBatchModel : public BatchModel {
     int row_limit = 0;
     AttentionRecording recording;  // never asked to record; the executor needs one
     CpuExecutor::SequencePtr sequence;
-    CpuExecutor::SpanJobPtr job;  // the prefill while it runs
+    CpuExecutor::SpanJobPtr job;   // the prefill while it runs
+    int prompt_logprobs_top = -1;  // -1: the prompt is not scored
+    int scored_ids = 0;
   };
 
   static int64_t page_bytes(const ModelConfig& c) {
@@ -177,6 +202,36 @@ int check_batch_request(const ModelConfig& config, int context, std::span<const 
     }
   }
   return static_cast<int>(rows);
+}
+
+void check_prompt_logprobs_request(const ModelConfig& config, int top, int scored_ids) {
+  if (top < 0 || top > kMaxTopLogprobs) {
+    throw Error("prompt logprobs: " + std::to_string(top) + " alternatives asked, 0 to " +
+                std::to_string(kMaxTopLogprobs) + " are given");
+  }
+  if (scored_ids < 0 || scored_ids > config.vocab_size) {
+    throw Error("prompt logprobs: " + std::to_string(scored_ids) + " scored ids of a " +
+                std::to_string(config.vocab_size) + "-token vocabulary");
+  }
+}
+
+void append_prompt_logprobs(std::span<const int32_t> prompt, int64_t first_row,
+                            std::span<const float> rows, int64_t vocab, int top, int scored_ids,
+                            std::vector<TokenLogprob>& out) {
+  const auto n = static_cast<int64_t>(prompt.size());
+  const int64_t count = vocab > 0 ? static_cast<int64_t>(rows.size()) / vocab : 0;
+  if (vocab <= 0 || count * vocab != static_cast<int64_t>(rows.size()) || first_row < 0 ||
+      first_row + count > n) {
+    throw Error("prompt logprobs: rows " + std::to_string(first_row) + " + " +
+                std::to_string(count) + " of a " + std::to_string(n) + "-token prompt");
+  }
+  // The last prompt row is followed by no prompt token.
+  const int64_t scoring = std::min(count, n - 1 - first_row);
+  if (scoring <= 0) return;
+  append_next_token_logprobs(
+      rows.subspan(0, static_cast<size_t>(scoring * vocab)), vocab,
+      scored_ids > 0 ? scored_ids : vocab,
+      prompt.subspan(static_cast<size_t>(first_row + 1), static_cast<size_t>(scoring)), top, out);
 }
 
 std::unique_ptr<BatchModel> make_cpu_batch_model(const ModelWeights& weights,

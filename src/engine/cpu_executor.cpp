@@ -635,6 +635,23 @@ void CpuExecutor::run_span_layer(SpanJob& job) {
 }
 
 std::vector<float> CpuExecutor::finish_span(SpanJob& job) {
+  if (!job.all_logits) return finish_span_rows(job, nullptr);
+  const int64_t vocab = config().vocab_size;
+  std::vector<float> logits(job.tokens.size() * static_cast<size_t>(vocab));
+  finish_span_rows(job, [&](int64_t first_row, std::span<const float> rows) {
+    std::copy(rows.begin(), rows.end(), logits.begin() + first_row * vocab);
+  });
+  return logits;
+}
+
+std::vector<float> CpuExecutor::finish_span(SpanJob& job, const LogitRowsCallback& each_chunk) {
+  if (!job.all_logits) throw Error("finish_span: the span was begun without all_logits");
+  if (!each_chunk) throw Error("finish_span: no callback for the rows");
+  return finish_span_rows(job, each_chunk);
+}
+
+std::vector<float> CpuExecutor::finish_span_rows(SpanJob& job,
+                                                 const LogitRowsCallback& each_chunk) {
   Sequence& s = job.sequence;
   Scratch& scratch = *scratch_;
   const ModelConfig& c = config();
@@ -644,15 +661,19 @@ std::vector<float> CpuExecutor::finish_span(SpanJob& job) {
   const int64_t vocab = c.vocab_size;
   const int64_t chunk = std::min(kChunkTokens, n);
   if (s.schedule.advance(n)) compress(s, c);
-  std::vector<float> logits(static_cast<size_t>((job.all_logits ? n : 1) * vocab));
-  const int64_t first_row = job.all_logits ? 0 : n - 1;
+  // Without a callback only the last row is projected.
+  const int64_t first_row = each_chunk ? 0 : n - 1;
+  std::vector<float> chunk_logits(static_cast<size_t>(std::min(chunk, n - first_row) * vocab));
+  std::vector<float> last(static_cast<size_t>(vocab));
   scratch.normed.resize(chunk * hidden);
   for (int64_t t0 = first_row; t0 < n; t0 += chunk) {
     const int64_t m = std::min(chunk, n - t0);
     project_logits(weights_, job.hidden.data() + t0 * hidden, m, scratch.normed.data(),
-                   logits.data() + (t0 - first_row) * vocab);
+                   chunk_logits.data());
+    if (each_chunk) each_chunk(t0, std::span<const float>(chunk_logits.data(), m * vocab));
+    if (t0 + m == n) std::copy_n(chunk_logits.begin() + (m - 1) * vocab, vocab, last.begin());
   }
-  return logits;
+  return last;
 }
 
 std::vector<float> CpuExecutor::decode(std::span<Sequence* const> sequences,

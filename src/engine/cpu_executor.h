@@ -91,6 +91,12 @@ class CpuExecutor {
   bool span_layers_done(const SpanJob& job) const;
   // After every layer: fp32 logits, [n, vocab] when all_logits, else [vocab] for the last token.
   std::vector<float> finish_span(SpanJob& job);
+  // Rows [first_row, first_row + rows.size() / vocab) of a span's logits, valid during the call.
+  using LogitRowsCallback = std::function<void(int64_t first_row, std::span<const float> rows)>;
+  // The same for an all_logits span, but its rows go to `each_chunk` in order, a few hundred at a
+  // time, so that no [n, vocab] array exists (a 128k-token prompt of a 128k vocabulary would take
+  // 64 GB); returns the last row's [vocab].
+  std::vector<float> finish_span(SpanJob& job, const LogitRowsCallback& each_chunk);
 
   // One token for each of `sequences` (each past its prefill, none twice): [count, vocab] logits.
   std::vector<float> decode(std::span<Sequence* const> sequences, std::span<const int32_t> tokens);
@@ -110,6 +116,9 @@ class CpuExecutor {
   static int64_t cache_pages(const Sequence& sequence);  // held from its pool (0 without one)
 
  private:
+  // The last row's logits, and every row's through each_chunk when it is given.
+  std::vector<float> finish_span_rows(SpanJob& job, const LogitRowsCallback& each_chunk);
+
   const ModelWeights& weights_;
   int context_length_ = 0;
   bool fp8_kv_cache_ = false;

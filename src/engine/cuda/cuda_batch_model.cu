@@ -138,6 +138,15 @@ class CudaBatchModel : public BatchModel {
     batch_ids_.clear();  // the batch's tables name this sequence's pages
   }
 
+  void ask_prompt_logprobs(SequenceId sequence, int top, int scored_ids) override {
+    check_prompt_logprobs_request(config_, top, scored_ids);
+    Entry& entry = find(sequence);
+    if (entry.prefilled || resident_ == sequence)
+      throw Error("sequence " + std::to_string(sequence) + " has begun its prefill");
+    entry.prompt_logprobs_top = top;
+    entry.scored_ids = scored_ids;
+  }
+
   bool prefill_slot_free() const override { return resident_ < 0; }
 
   StepOutput step(const StepInput& input) override {
@@ -197,12 +206,23 @@ class CudaBatchModel : public BatchModel {
         if (!same_attention(model_.attention_config(), entry.attention))
           model_.set_attention(entry.attention, true);
         model_.reset();
-        model_.begin_prompt(entry.prompt);
+        model_.begin_prompt(entry.prompt, entry.prompt_logprobs_top >= 0);
         resident_ = input.prefill;
       }
       if (!model_.prompt_layers_done()) model_.run_prompt_work(input.prefill_budget);
       if (model_.prompt_layers_done()) {
-        output.prefill_logits = model_.finish_prompt();
+        if (entry.prompt_logprobs_top >= 0) {
+          // Reduced on the host as each slice of rows comes down.
+          const int64_t vocab = config_.vocab_size;
+          output.prompt_logprobs.reserve(entry.prompt.size() - 1);
+          output.prefill_logits = model_.finish_prompt([&](int64_t first_row,
+                                                           std::span<const float> rows) {
+            append_prompt_logprobs(entry.prompt, first_row, rows, vocab, entry.prompt_logprobs_top,
+                                   entry.scored_ids, output.prompt_logprobs);
+          });
+        } else {
+          output.prefill_logits = model_.finish_prompt();
+        }
         output.prefill_done = true;
         entry.prefilled = true;
         entry.position = model_.position();
@@ -269,6 +289,8 @@ class CudaBatchModel : public BatchModel {
     AttentionWork work;
     std::vector<StoredLayer> layers;  // empty until stored
     int stored_position = 0;          // position when stored: rows appended since are theirs
+    int prompt_logprobs_top = -1;     // -1: the prompt is not scored
+    int scored_ids = 0;
   };
 
  public:

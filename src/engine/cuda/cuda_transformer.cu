@@ -1488,7 +1488,9 @@ struct CudaTransformer::State {
     for (int64_t t0 = 0; t0 < n; t0 += pass.step) {
       const int64_t m = std::min<int64_t>(pass.step, n - t0);
       const auto timed = stages.scope(Stage::kLogits, stream);
-      enqueue_logits(prompt_hidden.data() + t0 * w.hidden, t0, m, n, pass.all_logits, pass.all);
+      // A served prompt scored row by row has no `all`: its rows come down in finish_prompt.
+      enqueue_logits(prompt_hidden.data() + t0 * w.hidden, t0, m, n,
+                     pass.all_logits && pass.all != nullptr, pass.all);
     }
     unsigned long long counters[1] = {0};
     if (estimator) {
@@ -1789,8 +1791,10 @@ struct CudaTransformer::State {
   std::vector<float> host_rope_cos, host_rope_sin;  // the RoPE tables, for batch rows' positions
   DeviceBuffer<float> batch_rope_cos, batch_rope_sin, batch_logits, paged_workspace;
   DeviceBuffer<int32_t> batch_ids;
+  DeviceBuffer<float> scored_rows_logits;  // [kScoredPromptRows][vocab], once a prompt is scored
+  bool prompt_every_row = false;           // the resident prompt was begun with every_row
 
-  void begin_prompt(std::span<const int32_t> tokens) {
+  void begin_prompt(std::span<const int32_t> tokens, bool every_row) {
     if (compress_in_prefill) throw Error("begin_prompt: compress_during_prefill is not served");
     if (schedule.position() != 0) throw Error("begin_prompt: the model holds a sequence");
     schedule.check_span(tokens, config.vocab_size);
@@ -1798,6 +1802,7 @@ struct CudaTransformer::State {
     work = CudaAttentionWork{};
     stages.clear();
     stages.active = false;
+    prompt_every_row = every_row;
     if (tokens.size() < 2) {  // one token has no layers to interleave
       run(tokens, false, nullptr);
       return;
@@ -1807,7 +1812,7 @@ struct CudaTransformer::State {
           "token upload");
     prompt_pass = std::make_unique<LayerMajorPass>();
     prompt_pass->sliced = true;
-    begin_layer_major(*prompt_pass, static_cast<int64_t>(tokens.size()), false, nullptr,
+    begin_layer_major(*prompt_pass, static_cast<int64_t>(tokens.size()), every_row, nullptr,
                       kServedProductRows);
   }
 
@@ -1820,12 +1825,19 @@ struct CudaTransformer::State {
     return run_layer_major_work(*prompt_pass, budget);
   }
 
-  std::vector<float> finish_prompt() {
+  std::vector<float> finish_prompt(const CudaTransformer::LogitRowsCallback& each_rows) {
+    if (prompt_every_row != static_cast<bool>(each_rows)) {
+      throw Error(prompt_every_row ? "finish_prompt: the prompt's rows need a callback"
+                                   : "finish_prompt: the prompt was begun without every_row");
+    }
+    const bool one_token = !prompt_pass;
     if (prompt_pass) {
       if (!prompt_layers_done()) throw Error("finish_prompt: layers are left");
       finish_layer_major(*prompt_pass);
       const int64_t n = prompt_pass->n;
       prompt_pass.reset();
+      // Before a compression, which may reuse the prompt's buffers.
+      if (each_rows) download_prompt_rows(n, each_rows);
       if (schedule.advance(n)) compress();
     }
     std::vector<float> host(static_cast<size_t>(w.vocab));
@@ -1833,7 +1845,29 @@ struct CudaTransformer::State {
                           cudaMemcpyDeviceToHost, stream),
           "logits download");
     check(cudaStreamSynchronize(stream), "prefill");
+    if (each_rows && one_token) each_rows(0, host);
+    prompt_every_row = false;
     return host;
+  }
+
+  // The output head over a finished layer-major prompt's n rows (prompt_hidden), a slice of rows
+  // per product; each slice comes down and goes to each_rows before the next is computed.
+  void download_prompt_rows(int64_t n, const CudaTransformer::LogitRowsCallback& each_rows) {
+    const int64_t slice = std::min<int64_t>(CudaTransformer::kScoredPromptRows, chunk);
+    const size_t slice_floats = static_cast<size_t>(slice * w.vocab);
+    if (scored_rows_logits.size() < slice_floats) scored_rows_logits.allocate(slice_floats);
+    std::vector<float> host(slice_floats);
+    for (int64_t t0 = 0; t0 < n; t0 += slice) {
+      const int64_t m = std::min(slice, n - t0);
+      rms_norm(prompt_hidden.data() + t0 * w.hidden, final_norm.data(), m, w.hidden,
+               config.rms_norm_eps, normed.data(), stream);
+      blas.linear(normed.data(), m, w.hidden, head(), w.vocab, scored_rows_logits.data());
+      check(cudaMemcpyAsync(host.data(), scored_rows_logits.data(), sizeof(float) * m * w.vocab,
+                            cudaMemcpyDeviceToHost, stream),
+            "prompt logits download");
+      check(cudaStreamSynchronize(stream), "prompt logits download");
+      each_rows(t0, std::span<const float>(host.data(), static_cast<size_t>(m * w.vocab)));
+    }
   }
 
   CudaTransformer::ResidentLayer resident_layer(int index) const {
@@ -2059,12 +2093,14 @@ void CudaTransformer::set_progress_callback(ProgressCallback callback) {
 
 std::string CudaTransformer::memory_description() const { return state_->plan.describe(); }
 
-void CudaTransformer::begin_prompt(std::span<const int32_t> tokens) {
-  state_->begin_prompt(tokens);
+void CudaTransformer::begin_prompt(std::span<const int32_t> tokens, bool every_row) {
+  state_->begin_prompt(tokens, every_row);
 }
 bool CudaTransformer::prompt_layers_done() const { return state_->prompt_layers_done(); }
 double CudaTransformer::run_prompt_work(double budget) { return state_->run_prompt_work(budget); }
-std::vector<float> CudaTransformer::finish_prompt() { return state_->finish_prompt(); }
+std::vector<float> CudaTransformer::finish_prompt(const LogitRowsCallback& each_rows) {
+  return state_->finish_prompt(each_rows);
+}
 CudaTransformer::ResidentLayer CudaTransformer::resident_layer(int layer) const {
   return state_->resident_layer(layer);
 }

@@ -149,10 +149,16 @@ class CudaTransformer : public LanguageModel {
   // least one) and returns the work it enqueued. The slices are the same whatever the budget, so
   // the prompt's results do not depend on it. finish_prompt() returns the last token's logits
   // after compressing when the decode method compresses right after the prompt.
-  void begin_prompt(std::span<const int32_t> tokens);
+  // With every_row, every prompt row runs through the last layer, and finish_prompt() also hands
+  // each row's logits to `each_rows` (required then), in order, kScoredPromptRows rows at a time:
+  // the output head runs on those rows on the GPU and they come down into host memory, so no
+  // [n, vocab] array exists anywhere.
+  using LogitRowsCallback = std::function<void(int64_t first_row, std::span<const float> rows)>;
+  static constexpr int64_t kScoredPromptRows = 64;
+  void begin_prompt(std::span<const int32_t> tokens, bool every_row = false);
   bool prompt_layers_done() const;
   double run_prompt_work(double budget);
-  std::vector<float> finish_prompt();
+  std::vector<float> finish_prompt(const LogitRowsCallback& each_rows = {});
 
   // The resident cache of one layer: `caches` per-head caches and their lengths.
   struct ResidentLayer {
