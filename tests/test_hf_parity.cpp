@@ -6,6 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
+#include <iostream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -14,6 +18,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/batch_model.h"
+#include "engine/token_logprobs.h"
 #include "engine/transformer.h"
 #include "model/model_weights.h"
 #include "parity_fixture_support.h"
@@ -175,6 +181,86 @@ TEST_P(HfParity, GreedyContinuationMatchesTransformers) {
         << generated.size() - 1 << " of " << expected.size();
     EXPECT_EQ(generated.size(), expected.size()) << GetParam() << " prompt " << p;
   }
+}
+
+// The prompt scores of echo with logprobs (BatchModel::ask_prompt_logprobs) against
+// log_softmax of transformers' logits, in double: token i is scored by row i - 1. A logprob
+// differs from the reference by at most twice the largest logit difference (the logit's own and
+// the log-normaliser's), so the bound is twice the logits' tolerance. bf16 fixtures are held to
+// transformers' fp32 run of the same weights, as the logits are.
+TEST_P(HfParity, PromptLogprobsAreTransformersLogSoftmaxAtEveryPosition) {
+  constexpr int kTop = 5;
+  const ParityFixture fixture = load_fixture(GetParam());
+  const ModelWeights weights = load_hf_model(fixture.folder);
+  const bool is_bf16 = fixture.expected.at("dtype").get<std::string>() == "bfloat16";
+  const size_t count = static_cast<size_t>(fixture.rows) * fixture.vocab;
+  const std::vector<float> reference = read_f32(
+      fixture.folder + "/" +
+          fixture.expected.at(is_bf16 ? "fp32_logits_file" : "logits_file").get<std::string>(),
+      count);
+  ASSERT_EQ(reference.size(), count);
+  BatchModelOptions options;
+  options.context_length = context_needed(fixture);
+  std::unique_ptr<BatchModel> batch;
+  try {
+    batch = make_cpu_batch_model(weights, options);
+  } catch (const Error& error) {
+    FAIL() << GetParam() << ": " << error.what();
+  }
+  size_t offset = 0;
+  double worst_relative = 0.0, worst_absolute = 0.0;
+  for (size_t p = 0; p < fixture.prompts.size(); ++p) {
+    const std::vector<int32_t>& prompt = fixture.prompts[p];
+    const float* rows = reference.data() + offset;
+    offset += prompt.size() * static_cast<size_t>(fixture.vocab);
+    ASSERT_LE(offset, count);
+    const BatchModel::SequenceId id = batch->open(AttentionConfig{}, prompt, 0);
+    batch->ask_prompt_logprobs(id, kTop, 0);
+    BatchModel::StepInput input;
+    input.prefill = id;
+    input.prefill_budget = std::numeric_limits<double>::infinity();
+    const BatchModel::StepOutput output = batch->step(input);
+    batch->close(id);
+    ASSERT_TRUE(output.prefill_done);
+    ASSERT_EQ(output.prompt_logprobs.size(), prompt.size() - 1);
+    double scale = 0.0, worst = 0.0;
+    size_t worst_position = 0;
+    for (size_t i = 1; i < prompt.size(); ++i) {
+      const float* row = rows + (i - 1) * fixture.vocab;
+      double max_logit = -INFINITY;
+      for (int v = 0; v < fixture.vocab; ++v) {
+        max_logit = std::max(max_logit, double(row[v]));
+        scale = std::max(scale, std::fabs(double(row[v])));
+      }
+      double sum = 0.0;
+      for (int v = 0; v < fixture.vocab; ++v) sum += std::exp(double(row[v]) - max_logit);
+      const double log_normaliser = max_logit + std::log(sum);
+      std::vector<double> expected_top;
+      for (int v = 0; v < fixture.vocab; ++v) expected_top.push_back(row[v] - log_normaliser);
+      std::sort(expected_top.begin(), expected_top.end(), std::greater<>());
+      const TokenLogprob& got = output.prompt_logprobs[i - 1];
+      ASSERT_EQ(got.token, prompt[i]);
+      double deviation = std::fabs(got.logprob - (row[prompt[i]] - log_normaliser));
+      // Values, not ids: ties among the alternatives may order either way.
+      ASSERT_EQ(got.top.size(), static_cast<size_t>(kTop));
+      for (int k = 0; k < kTop; ++k) {
+        deviation = std::max(deviation, std::fabs(got.top[k].logprob - expected_top[k]));
+      }
+      if (deviation > worst) {
+        worst = deviation;
+        worst_position = i;
+      }
+    }
+    const double bound = 2.0 * kFp32RelativeTolerance * scale;
+    EXPECT_LE(worst, bound) << GetParam() << " prompt " << p << ": logprob deviation " << worst
+                            << " at position " << worst_position << ", bound " << bound;
+    worst_relative = std::max(worst_relative, worst / scale);
+    worst_absolute = std::max(worst_absolute, worst);
+  }
+  EXPECT_EQ(offset, count) << "prompts do not cover logits_shape";
+  std::cout << "[ parity  ] " << GetParam() << ": prompt logprobs max|diff| " << worst_absolute
+            << ", " << worst_relative << " of max|logit| (bound " << 2.0 * kFp32RelativeTolerance
+            << ")\n";
 }
 
 std::string case_name(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
