@@ -24,6 +24,9 @@
 #include "engine/cuda/cuda_transformer.h"
 #include "engine/prefill_work.h"
 #include "engine/sampler.h"
+#include "engine/token_logprobs.h"
+#include "engine/transformer.h"
+#include "expect_error.h"
 #include "gpu/gpu_test_support.h"
 #include "model/model_weights.h"
 #include "model/quantize_weights.h"
@@ -349,6 +352,119 @@ TEST_F(CudaBatchModelTest, PrefillSlicesBelowALayerGiveTheSameLogitsForAnyBudget
     }
   }
   EXPECT_EQ(batch->pool_usage().pages_used, 0);
+}
+
+}  // namespace
+}  // namespace entropyinfer
+
+namespace entropyinfer {
+namespace {
+
+// The largest |a - b| over the largest |b|.
+double relative_deviation(std::span<const float> a, std::span<const float> b) {
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    worst = std::max(worst, std::fabs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::fabs(double(b[i])));
+  }
+  return worst / std::max(scale, 1e-30);
+}
+
+BatchModel::StepOutput prefill_alone(BatchModel& batch, BatchModel::SequenceId id) {
+  BatchModel::StepInput input;
+  input.prefill = id;
+  input.prefill_budget = std::numeric_limits<double>::infinity();
+  BatchModel::StepOutput output = batch.step(input);
+  EXPECT_TRUE(output.prefill_done);
+  return output;
+}
+
+// Prompt scores (echo with logprobs) on the GPU, bf16 products with the output head over
+// kScoredPromptRows rows at a time, against the CPU executor's fp32 rows: every prompt row within
+// the bf16 parity bound of the largest logit, and each score within twice that (a logprob moves by
+// at most twice the largest logit difference). Prompts of several slices of rows and of one token,
+// under a dense and a sparse prefill.
+TEST_F(CudaBatchModelTest, PromptLogprobsMatchTheCpuExecutorsRows) {
+  ENTROPYINFER_REQUIRE_GPU();
+  constexpr double kRowBound = 5e-2;
+  constexpr int kTop = 5;
+  const ModelWeights& weights = *weights_;
+  const int vocab = weights.config.vocab_size;
+  BatchModelOptions cpu_options;
+  cpu_options.pool_bytes = int64_t{256} << 20;
+  std::unique_ptr<BatchModel> cpu_batch = make_cpu_batch_model(weights, cpu_options);
+  std::unique_ptr<BatchModel> gpu_batch = make_batch_model(weights, options(256));
+  cuda::CudaModelOptions alone_options;
+  alone_options.layer_major_prefill = true;
+  alone_options.decode_room = 16;
+  cuda::CudaTransformer alone(weights, alone_options);
+  double worst_rows = 0.0, worst_scores = 0.0;
+  for (const auto& [methods, tokens] : std::vector<std::pair<std::string, int>>{
+           {"full", 300}, {"entropy+snapkv", 700}, {"full", 1}}) {
+    SCOPED_TRACE(methods + ", " + std::to_string(tokens) + " tokens");
+    const AttentionConfig attention = testing::small_budgets(methods);
+    const std::vector<int32_t> prompt = random_prompt(tokens, vocab, 31);
+    Transformer cpu(weights, 0, attention);
+    const std::vector<float> cpu_rows = cpu.forward(prompt, /*all_logits=*/true);
+
+    alone.set_attention(attention, true);
+    alone.begin_prompt(prompt, /*every_row=*/true);
+    while (!alone.prompt_layers_done()) {
+      alone.run_prompt_work(std::numeric_limits<double>::infinity());
+    }
+    int64_t next_row = 0;
+    double rows_deviation = 0.0;
+    const std::vector<float> last =
+        alone.finish_prompt([&](int64_t first_row, std::span<const float> rows) {
+          EXPECT_EQ(first_row, next_row) << "rows out of order";
+          const size_t count = rows.size() / static_cast<size_t>(vocab);
+          EXPECT_LE(count, static_cast<size_t>(cuda::CudaTransformer::kScoredPromptRows));
+          rows_deviation = std::max(
+              rows_deviation,
+              relative_deviation(rows, std::span<const float>(cpu_rows).subspan(
+                                           static_cast<size_t>(first_row * vocab), rows.size())));
+          next_row = first_row + static_cast<int64_t>(count);
+        });
+    EXPECT_EQ(next_row, tokens) << "every prompt row, once";
+    EXPECT_LE(rows_deviation, kRowBound);
+    EXPECT_LE(relative_deviation(last, std::span<const float>(cpu_rows).last(vocab)), kRowBound);
+    worst_rows = std::max(worst_rows, rows_deviation);
+    alone.reset();
+
+    const BatchModel::SequenceId cpu_id = cpu_batch->open(attention, prompt, 1);
+    const BatchModel::SequenceId gpu_id = gpu_batch->open(attention, prompt, 1);
+    cpu_batch->ask_prompt_logprobs(cpu_id, kTop, 0);
+    gpu_batch->ask_prompt_logprobs(gpu_id, kTop, 0);
+    const BatchModel::StepOutput want = prefill_alone(*cpu_batch, cpu_id);
+    const BatchModel::StepOutput got = prefill_alone(*gpu_batch, gpu_id);
+    testing::expect_error_naming([&] { gpu_batch->ask_prompt_logprobs(gpu_id, kTop, 0); },
+                                 {"has begun its prefill"}, "asked after the prefill");
+    cpu_batch->close(cpu_id);
+    gpu_batch->close(gpu_id);
+    ASSERT_EQ(want.prompt_logprobs.size(), prompt.size() - 1);
+    ASSERT_EQ(got.prompt_logprobs.size(), prompt.size() - 1);
+    double scale = 0.0;
+    for (float logit : cpu_rows) scale = std::max(scale, std::fabs(double(logit)));
+    double scores_deviation = 0.0;
+    for (size_t i = 0; i < got.prompt_logprobs.size(); ++i) {
+      const TokenLogprob& g = got.prompt_logprobs[i];
+      const TokenLogprob& c = want.prompt_logprobs[i];
+      ASSERT_EQ(g.token, prompt[i + 1]);
+      ASSERT_EQ(g.top.size(), static_cast<size_t>(kTop));
+      scores_deviation = std::max(scores_deviation, std::fabs(double(g.logprob) - c.logprob));
+      // Values in rank order: near-ties may swap ids between bf16 and fp32.
+      for (int k = 0; k < kTop; ++k) {
+        scores_deviation =
+            std::max(scores_deviation, std::fabs(double(g.top[k].logprob) - c.top[k].logprob));
+      }
+    }
+    EXPECT_LE(scores_deviation, 2 * kRowBound * scale);
+    worst_scores = std::max(worst_scores, scores_deviation / std::max(scale, 1e-30));
+  }
+  EXPECT_EQ(gpu_batch->pool_usage().pages_used, 0);
+  std::cout << "prompt logprobs on the GPU: rows within " << worst_rows
+            << " of the CPU's largest logit (bound " << kRowBound << "), scores within "
+            << worst_scores << " of it (bound " << 2 * kRowBound << ")\n";
 }
 
 }  // namespace
