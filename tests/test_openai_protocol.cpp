@@ -444,8 +444,6 @@ TEST(OpenAiRequest, UnsupportedFeaturesNameTheField) {
   auto unsupported = [](const std::string& field) {
     return refused(field, {"'" + field + "'", "not supported"});
   };
-  expect_completion_refused({{"prompt", "x"}, {"echo", true}, {"logprobs", 1}},
-                            refused("echo", {"'echo' together with 'logprobs'", "not supported"}));
   expect_completion_refused({{"prompt", "x"}, {"best_of", 3}}, unsupported("best_of"));
   expect_completion_refused({{"prompt", "x"}, {"suffix", "end"}}, unsupported("suffix"));
   expect_chat_refused({{"messages", kUserTurn}, {"tools", {{{"type", "function"}}}}},
@@ -536,6 +534,34 @@ TEST(OpenAiRequest, BadAttentionNamesTheParameter) {
                             refused("attention", {"'attention'", "an object"}));
   expect_completion_refused({{"prompt", "x"}, {"attention", "entropy+lossy"}},
                             refused("attention", {"lossy"}));
+}
+
+// Echo with logprobs scores the prompt (lm-evaluation-harness's loglikelihood asks it so);
+// max_tokens 0 is the prompt scored alone, which needs echo.
+TEST(OpenAiRequest, EchoWithLogprobsScoresThePromptAndAllowsZeroTokens) {
+  const CompletionRequest scored =
+      parse_completion({{"prompt", "x"}, {"echo", true}, {"logprobs", 1}, {"max_tokens", 0}});
+  EXPECT_TRUE(scored.echo);
+  EXPECT_EQ(scored.top_logprobs, 1);
+  EXPECT_EQ(scored.max_tokens, 0);
+  EXPECT_EQ(resolve_max_tokens(scored, 100, 100), 0) << "a prompt filling the context";
+  EXPECT_EQ(parse_completion({{"prompt", "x"}, {"echo", true}, {"max_tokens", 0}}).max_tokens, 0);
+  expect_completion_refused({{"prompt", "x"}, {"logprobs", 1}, {"max_tokens", 0}},
+                            refused("max_tokens", {"from 1", "got 0", "'echo'"}));
+  expect_completion_refused({{"prompt", "x"}, {"echo", false}, {"max_tokens", 0}},
+                            refused("max_tokens", {"got 0"}));
+  expect_completion_refused({{"prompt", "x"}, {"echo", true}, {"max_tokens", -1}},
+                            refused("max_tokens", {"got -1"}));
+  expect_chat_refused({{"messages", kUserTurn}, {"max_tokens", 0}},
+                      refused("max_tokens", {"got 0"}));
+  expect_chat_refused({{"messages", kUserTurn}, {"max_completion_tokens", 0}},
+                      refused("max_completion_tokens", {"got 0"}));
+  try {
+    resolve_max_tokens(scored, 101, 100);
+    ADD_FAILURE() << "a prompt past the context fits";
+  } catch (const ApiError& error) {
+    EXPECT_EQ(error.code, "context_length_exceeded");
+  }
 }
 
 TEST(OpenAiRequest, MaxTokensDefaultsAndTheContext) {
@@ -651,6 +677,55 @@ TEST(OpenAiResponse, CompletionLogprobsHaveTokensOffsetsAndTopMaps) {
                                             new_response_identity(Endpoint::kCompletions, "m"),
                                             "Hi", "length", RequestStats{}, logprobs);
   EXPECT_EQ(response["choices"][0]["logprobs"], logprobs);
+}
+
+// The echoed prompt's logprobs: its first token unscored (null, as OpenAI and vLLM give it) and,
+// when it is the BOS the echoed text lacks, listed with no text; then the answer's, appended,
+// with offsets that follow the echoed text.
+TEST(OpenAiResponse, PromptLogprobsLeaveTheFirstTokenUnscoredAndPrecedeTheAnswers) {
+  class BosPieceTokenizer final : public Tokenizer {
+   public:
+    std::vector<int32_t> encode(std::string_view, const EncodeOptions&) const override {
+      return {};
+    }
+    std::string token_bytes(int32_t id) const override {
+      return pieces_.at(static_cast<size_t>(id));
+    }
+    int32_t vocab_size() const override { return static_cast<int32_t>(pieces_.size()); }
+    std::optional<int32_t> bos_id() const override { return 0; }
+    std::vector<int32_t> eos_ids() const override { return {}; }
+    std::optional<int32_t> token_id(std::string_view) const override { return std::nullopt; }
+
+   private:
+    std::vector<std::string> pieces_ = {"<s>", "Hi", " there", "!"};
+  };
+  const BosPieceTokenizer tokenizer;
+  const std::vector<int32_t> prompt = {0, 1, 2};
+  const std::vector<TokenLogprob> scores = {{1, -2.0f, {{2, -0.5f}}}, {2, -0.75f, {{2, -0.75f}}}};
+  int64_t offset = 0;
+  json logprobs = prompt_logprobs_json(prompt, scores, tokenizer, offset);
+  EXPECT_EQ(offset, 8);  // "" + "Hi" + " there"
+  EXPECT_EQ(logprobs["tokens"], json::array({"", "Hi", " there"}));
+  EXPECT_TRUE(logprobs["token_logprobs"][0].is_null());
+  EXPECT_TRUE(logprobs["top_logprobs"][0].is_null());
+  EXPECT_DOUBLE_EQ(logprobs["token_logprobs"][1].get<double>(), -2.0);
+  EXPECT_EQ(logprobs["top_logprobs"][1], json({{" there", -0.5}, {"Hi", -2.0}}));
+  EXPECT_EQ(logprobs["text_offset"], json::array({0, 0, 2}));
+
+  offset = 8;
+  const std::vector<TokenLogprob> answer = {{3, -0.125f, {{3, -0.125f}}}};
+  append_logprobs(logprobs, logprobs_json(Endpoint::kCompletions, answer, tokenizer, offset));
+  EXPECT_EQ(logprobs["tokens"], json::array({"", "Hi", " there", "!"}));
+  EXPECT_EQ(logprobs["text_offset"], json::array({0, 0, 2, 8}));
+  EXPECT_DOUBLE_EQ(logprobs["token_logprobs"][3].get<double>(), -0.125);
+  EXPECT_EQ(logprobs["top_logprobs"].size(), 4u);
+
+  // A prompt without BOS lists its first token's text; one token has no scores at all.
+  offset = 0;
+  const json lone = prompt_logprobs_json(std::vector<int32_t>{1}, {}, tokenizer, offset);
+  EXPECT_EQ(lone["tokens"], json::array({"Hi"}));
+  EXPECT_EQ(offset, 2);
+  EXPECT_THROW(prompt_logprobs_json(prompt, {}, tokenizer, offset), Error);
 }
 
 TEST(OpenAiResponse, ChatLogprobsCarryBytesAndTopLists) {

@@ -40,6 +40,8 @@ struct Answer {
   std::string text;  // the streamed pieces, joined
   StreamEvent finished;
   std::vector<TokenLogprob> logprobs;  // of every event, in order
+  std::vector<TokenLogprob> prompt_logprobs;
+  int events_with_prompt_logprobs = 0;
 };
 
 // Reads a stream to its end (at most a minute).
@@ -50,6 +52,10 @@ Answer read_all(RequestStream& stream) {
   while (std::chrono::steady_clock::now() < deadline) {
     if (!stream.next(event, std::chrono::milliseconds(100))) continue;
     answer.logprobs.insert(answer.logprobs.end(), event.logprobs.begin(), event.logprobs.end());
+    if (!event.prompt_logprobs.empty()) {
+      ++answer.events_with_prompt_logprobs;
+      answer.prompt_logprobs = event.prompt_logprobs;
+    }
     if (event.kind == StreamEvent::Kind::kText) {
       answer.text += event.text;
       continue;
@@ -185,6 +191,57 @@ TEST_F(SchedulerTest, LogprobsFollowTheModelsLogitsForEveryGeneratedToken) {
     const std::vector<int32_t> next = {reported.token};
     logits = model.forward(next);
   }
+}
+
+// Echo with logprobs: the prompt's scores come once, on the first event after the prefill, and
+// are the single-sequence executor's all_logits rows scored against the next prompt token; the
+// answer is the one the request gets unscored. With max_tokens 0 the scores are all there is.
+TEST_F(SchedulerTest, PromptLogprobsComeOnceAndScoreEachPromptTokenUnderTheRowBefore) {
+  SequenceRequest r = request("full", 6, 5);
+  r.top_logprobs = 2;
+  r.prompt_logprobs = 2;
+  std::unique_ptr<Scheduler> scheduler = make_scheduler(int64_t{64} << 20);
+  const Answer answer = read_all(*scheduler->submit(r));
+  SequenceRequest plain = r;
+  plain.top_logprobs = -1;
+  plain.prompt_logprobs = -1;
+  const Answer plain_answer = read_all(*scheduler->submit(plain));
+  EXPECT_EQ(answer.text, plain_answer.text);
+  EXPECT_EQ(answer.logprobs.size(), 5u);
+  EXPECT_EQ(plain_answer.events_with_prompt_logprobs, 0);
+  EXPECT_EQ(answer.events_with_prompt_logprobs, 1);
+  ASSERT_EQ(answer.prompt_logprobs.size(), r.prompt.size() - 1);
+
+  Transformer model(*weights_, 0, r.attention);
+  const std::vector<float> rows = model.forward(r.prompt, /*all_logits=*/true);
+  const size_t vocab = static_cast<size_t>(weights_->config.vocab_size);
+  for (size_t i = 0; i + 1 < r.prompt.size(); ++i) {
+    SCOPED_TRACE(i);
+    const TokenLogprob expected =
+        token_logprob(std::span<const float>(rows.data() + i * vocab, vocab), r.prompt[i + 1], 2);
+    const TokenLogprob& reported = answer.prompt_logprobs[i];
+    EXPECT_EQ(reported.token, r.prompt[i + 1]);
+    EXPECT_NEAR(reported.logprob, expected.logprob, 1e-5);
+    ASSERT_EQ(reported.top.size(), 2u);
+    EXPECT_EQ(reported.top[0].token, expected.top[0].token);
+  }
+
+  SequenceRequest scores_only = r;
+  scores_only.generation.max_tokens = 0;
+  const Answer scored = read_all(*scheduler->submit(scores_only));
+  EXPECT_EQ(scored.text, "");
+  EXPECT_TRUE(scored.logprobs.empty());
+  EXPECT_EQ(scored.finished.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(scored.finished.stats.completion_tokens, 0);
+  ASSERT_EQ(scored.prompt_logprobs.size(), r.prompt.size() - 1);
+  EXPECT_EQ(scored.prompt_logprobs.back().logprob, answer.prompt_logprobs.back().logprob);
+
+  SequenceRequest bad = r;
+  bad.prompt_logprobs = kMaxTopLogprobs + 1;
+  testing::expect_error_naming([&] { scheduler->submit(bad); }, {"prompt_logprobs", "21"},
+                               "21 prompt alternatives");
+  scheduler->wait_idle();
+  EXPECT_EQ(scheduler->snapshot().pool.pages_used, 0);
 }
 
 TEST_F(SchedulerTest, APoolForOneFullRequestQueuesTheRestAndAnswersEach) {

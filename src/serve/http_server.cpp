@@ -15,11 +15,14 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "serve/chat_page.h"
@@ -129,8 +132,11 @@ struct StreamState {
   Endpoint endpoint = Endpoint::kCompletions;
   ResponseIdentity identity;
   bool include_usage = false;
-  bool logprobs = false;    // asked: each chunk reports its tokens'
-  std::string echo;         // the prompt, sent as the first text chunk
+  bool logprobs = false;  // asked: each chunk reports its tokens'
+  std::string echo;       // the prompt, sent as the first text chunk
+  // Echo with logprobs: the first chunk waits for the prefill, whose first event brings the
+  // prompt's scores; these are the tokens they list.
+  std::optional<std::vector<int32_t>> scored_prompt;
   int64_t text_offset = 0;  // completions' text_offset of the next token
   bool role_sent = false;
   bool finished = false;
@@ -175,11 +181,13 @@ class FrontEnd {
   void handle_generation(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
   std::vector<int32_t> tokenize(const CompletionRequest& request) const;
   std::shared_ptr<RequestStream> submit(SequenceRequest sequence) const;
-  void answer_whole(const CompletionRequest& request, std::shared_ptr<RequestStream> stream,
-                    Clock::time_point start, httplib::Response& res);
-  void answer_streamed(const CompletionRequest& request, std::shared_ptr<RequestStream> stream,
-                       Clock::time_point start, std::unique_ptr<InFlight> in_flight,
-                       httplib::Response& res);
+  // scored_prompt: the prompt's tokens when echo with logprobs scores them, else empty.
+  void answer_whole(const CompletionRequest& request, std::span<const int32_t> scored_prompt,
+                    std::shared_ptr<RequestStream> stream, Clock::time_point start,
+                    httplib::Response& res);
+  void answer_streamed(const CompletionRequest& request, std::vector<int32_t> scored_prompt,
+                       std::shared_ptr<RequestStream> stream, Clock::time_point start,
+                       std::unique_ptr<InFlight> in_flight, httplib::Response& res);
   bool write_stream(StreamState& state, httplib::DataSink& sink);
   void record_outcome(const StreamEvent& finished, Clock::time_point start);
 
@@ -403,11 +411,17 @@ void FrontEnd::handle_generation(Endpoint endpoint, const httplib::Request& req,
     }
     sequence.attention = request.attention;
     sequence.top_logprobs = request.top_logprobs.value_or(-1);
+    std::vector<int32_t> scored_prompt;
+    if (request.echo && request.top_logprobs) {
+      sequence.prompt_logprobs = *request.top_logprobs;
+      scored_prompt = sequence.prompt;
+    }
     std::shared_ptr<RequestStream> stream = submit(std::move(sequence));
     if (request.stream) {
-      answer_streamed(request, std::move(stream), start, std::move(in_flight), res);
+      answer_streamed(request, std::move(scored_prompt), std::move(stream), start,
+                      std::move(in_flight), res);
     } else {
-      answer_whole(request, std::move(stream), start, res);
+      answer_whole(request, scored_prompt, std::move(stream), start, res);
     }
   } catch (const ApiError& error) {
     respond_error(res, error);
@@ -429,14 +443,18 @@ void FrontEnd::record_outcome(const StreamEvent& finished, Clock::time_point sta
   }
 }
 
-void FrontEnd::answer_whole(const CompletionRequest& request, std::shared_ptr<RequestStream> stream,
-                            Clock::time_point start, httplib::Response& res) {
+void FrontEnd::answer_whole(const CompletionRequest& request,
+                            std::span<const int32_t> scored_prompt,
+                            std::shared_ptr<RequestStream> stream, Clock::time_point start,
+                            httplib::Response& res) {
   std::string text = request.echo ? request.prompt : std::string();
-  std::vector<TokenLogprob> logprobs;
+  std::vector<TokenLogprob> logprobs, prompt_logprobs;
   StreamEvent event;
   for (;;) {
     if (!stream->next(event, std::chrono::seconds(1))) continue;
     logprobs.insert(logprobs.end(), event.logprobs.begin(), event.logprobs.end());
+    prompt_logprobs.insert(prompt_logprobs.end(), event.prompt_logprobs.begin(),
+                           event.prompt_logprobs.end());
     if (event.kind == StreamEvent::Kind::kText) {
       text += event.text;
       continue;
@@ -452,16 +470,27 @@ void FrontEnd::answer_whole(const CompletionRequest& request, std::shared_ptr<Re
                    "cancelled");
   }
   const ResponseIdentity identity = new_response_identity(request.endpoint, request.model);
-  int64_t text_offset = 0;
+  nlohmann::json logprobs_object = nullptr;
+  if (request.top_logprobs) {
+    int64_t text_offset = 0;
+    if (!scored_prompt.empty()) {
+      logprobs_object =
+          prompt_logprobs_json(scored_prompt, prompt_logprobs, tokenizer_, text_offset);
+      // The answer's offsets count from the end of the echoed text.
+      text_offset = static_cast<int64_t>(request.prompt.size());
+      append_logprobs(logprobs_object,
+                      logprobs_json(request.endpoint, logprobs, tokenizer_, text_offset));
+    } else {
+      logprobs_object = logprobs_json(request.endpoint, logprobs, tokenizer_, text_offset);
+    }
+  }
   respond_json(
       res, 200,
-      completion_response(
-          request.endpoint, identity, text, openai_finish_reason(event.finish_reason), event.stats,
-          request.top_logprobs ? logprobs_json(request.endpoint, logprobs, tokenizer_, text_offset)
-                               : nlohmann::json(nullptr)));
+      completion_response(request.endpoint, identity, text,
+                          openai_finish_reason(event.finish_reason), event.stats, logprobs_object));
 }
 
-void FrontEnd::answer_streamed(const CompletionRequest& request,
+void FrontEnd::answer_streamed(const CompletionRequest& request, std::vector<int32_t> scored_prompt,
                                std::shared_ptr<RequestStream> stream, Clock::time_point start,
                                std::unique_ptr<InFlight> in_flight, httplib::Response& res) {
   auto state = std::make_shared<StreamState>();
@@ -471,6 +500,7 @@ void FrontEnd::answer_streamed(const CompletionRequest& request,
   state->include_usage = request.include_usage;
   state->logprobs = request.top_logprobs.has_value();
   if (request.echo) state->echo = request.prompt;
+  if (!scored_prompt.empty()) state->scored_prompt = std::move(scored_prompt);
   state->start = start;
   state->last_write = Clock::now();
   state->in_flight = std::move(in_flight);
@@ -510,7 +540,7 @@ bool FrontEnd::write_stream(StreamState& state, httplib::DataSink& sink) {
     state.role_sent = true;
     return send(sse_event(role_chunk(state.identity, state.include_usage)));
   }
-  if (!state.echo.empty()) {
+  if (!state.echo.empty() && !state.scored_prompt) {
     const std::string prompt = std::exchange(state.echo, {});
     return send(sse_event(text_chunk(state.endpoint, state.identity, prompt, state.include_usage)));
   }
@@ -518,6 +548,22 @@ bool FrontEnd::write_stream(StreamState& state, httplib::DataSink& sink) {
   if (!state.stream->next(event, kStreamPoll)) {
     if (Clock::now() - state.last_write >= kKeepAliveInterval) return send(": keep-alive\n\n");
     return sink.is_writable();
+  }
+  const bool answered = event.kind == StreamEvent::Kind::kText ||
+                        event.finish_reason == FinishReason::kStop ||
+                        event.finish_reason == FinishReason::kLength;
+  if (state.scored_prompt && answered) {
+    // The echoed prompt with its scores is the first chunk; the answer's offsets follow its text.
+    const std::vector<int32_t> prompt = *std::exchange(state.scored_prompt, std::nullopt);
+    int64_t prompt_offset = 0;
+    const nlohmann::json scores =
+        prompt_logprobs_json(prompt, event.prompt_logprobs, tokenizer_, prompt_offset);
+    const std::string text = std::exchange(state.echo, {});
+    state.text_offset = static_cast<int64_t>(text.size());
+    if (!send(sse_event(
+            text_chunk(state.endpoint, state.identity, text, state.include_usage, scores)))) {
+      return false;
+    }
   }
   const auto chunk_logprobs = [&] {
     return state.logprobs && (event.kind == StreamEvent::Kind::kText || !event.logprobs.empty())

@@ -553,7 +553,8 @@ CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view b
     } else if (key == "model") {
       check_model(value, served);
     } else if (key == "max_tokens") {
-      if (!value.is_null()) max_tokens = read_integer(key, value, 1, kMaxRequestTokens);
+      // 0 scores an echoed prompt without generating (checked below).
+      if (!value.is_null()) max_tokens = read_integer(key, value, 0, kMaxRequestTokens);
     } else if (chat && key == "max_completion_tokens") {
       if (!value.is_null()) max_completion_tokens = read_integer(key, value, 1, kMaxRequestTokens);
     } else if (key == "temperature") {
@@ -643,12 +644,11 @@ CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view b
     throw invalid_request("'top_logprobs' needs 'logprobs' to be true", "top_logprobs");
   }
   if (chat_logprobs) request.top_logprobs = static_cast<int>(chat_top_logprobs.value_or(0));
-  if (request.echo && request.top_logprobs) {
-    // Scoring a prompt (echo with logprobs, as evaluation harnesses ask) needs every prompt
-    // token's logits, which the prefill does not compute.
-    throw invalid_request(
-        "'echo' together with 'logprobs' is not supported: the prompt's logprobs are not computed",
-        "echo", "unsupported_parameter");
+  if (max_tokens == 0 && !request.echo) {
+    throw invalid_request("'max_tokens' must be an integer from 1 to " +
+                              std::to_string(kMaxRequestTokens) +
+                              ", got 0 (0 is allowed with 'echo', to score the prompt alone)",
+                          "max_tokens", "invalid_value");
   }
   if (max_tokens && max_completion_tokens && *max_tokens != *max_completion_tokens) {
     throw invalid_request("'max_tokens' and 'max_completion_tokens' disagree; give one",
@@ -718,11 +718,14 @@ int resolve_max_tokens(const CompletionRequest& request, int64_t prompt_tokens,
                        int context_length) {
   const std::string counts = "the prompt has " + std::to_string(prompt_tokens) +
                              " tokens and the context holds " + std::to_string(context_length);
-  if (prompt_tokens >= context_length) {
+  // An echoed prompt scored alone (max_tokens 0) may fill the whole context.
+  const bool scores_only = request.max_tokens == 0;
+  if (prompt_tokens > context_length || (prompt_tokens == context_length && !scores_only)) {
     throw invalid_request(counts + ", which leaves no room for an answer",
                           request.endpoint == Endpoint::kCompletions ? "prompt" : "messages",
                           "context_length_exceeded");
   }
+  if (scores_only) return 0;
   const int room = static_cast<int>(context_length - prompt_tokens);
   if (request.max_tokens) {
     if (*request.max_tokens > room) {
@@ -823,6 +826,30 @@ json logprobs_json(Endpoint endpoint, std::span<const TokenLogprob> tokens,
     content.push_back(std::move(item));
   }
   return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+json prompt_logprobs_json(std::span<const int32_t> prompt, std::span<const TokenLogprob> scores,
+                          const Tokenizer& tokenizer, int64_t& text_offset) {
+  if (prompt.empty() || scores.size() + 1 != prompt.size()) {
+    throw Error("prompt logprobs: " + std::to_string(scores.size()) + " scores for a " +
+                std::to_string(prompt.size()) + "-token prompt");
+  }
+  const bool added_bos = tokenizer.bos_id() == prompt.front();
+  const std::string first = added_bos ? std::string() : tokenizer.token_bytes(prompt.front());
+  json object = {{"tokens", json::array({first})},
+                 {"token_logprobs", json::array({nullptr})},
+                 {"top_logprobs", json::array({nullptr})},
+                 {"text_offset", json::array({text_offset})}};
+  text_offset += static_cast<int64_t>(first.size());
+  append_logprobs(object, logprobs_json(Endpoint::kCompletions, scores, tokenizer, text_offset));
+  return object;
+}
+
+void append_logprobs(json& logprobs, const json& more) {
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    json& list = logprobs.at(key);
+    for (const json& item : more.at(key)) list.push_back(item);
+  }
 }
 
 json completion_response(Endpoint endpoint, const ResponseIdentity& identity,

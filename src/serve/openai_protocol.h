@@ -77,7 +77,9 @@ struct CompletionRequest {
   // Logprobs asked (completions' "logprobs": N, chat's "logprobs": true with "top_logprobs": N):
   // the alternatives per token, 0 to kMaxTopLogprobs; absent when not asked.
   std::optional<int> top_logprobs;
-  bool echo = false;  // completions: the answer's text starts with the prompt's
+  // Completions: the answer's text starts with the prompt's; with logprobs, its logprobs start
+  // with the prompt tokens' (max_tokens may then be 0: the prompt scored alone).
+  bool echo = false;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   AttentionConfig attention;   // the server's defaults with the request's `attention` applied
@@ -107,7 +109,8 @@ inline constexpr int kDefaultCompletionTokens = 16;
 // The answer's token limit for a prompt of `prompt_tokens` tokens in a `context_length`-token
 // context: the request's max_tokens, else 16 for completions (fewer when the context ends first)
 // and the rest of the context for chat. ApiError 400 naming the numbers when the prompt leaves no
-// room for an answer or the request's max_tokens does not fit beside it.
+// room for an answer or the request's max_tokens does not fit beside it; max_tokens 0 (an echoed
+// prompt scored alone) needs no room past the prompt.
 int resolve_max_tokens(const CompletionRequest& request, int64_t prompt_tokens, int context_length);
 
 // `attention` (an object of method names and parameters, flat or nested as in an
@@ -148,6 +151,17 @@ inline constexpr double kLogprobFloor = -9999.0;
 // "top_logprobs"}], "refusal": null}.
 nlohmann::json logprobs_json(Endpoint endpoint, std::span<const TokenLogprob> tokens,
                              const Tokenizer& tokenizer, int64_t& text_offset);
+
+// The echoed prompt's completions logprobs (echo with logprobs), in logprobs_json's shape: the
+// first token has null token_logprobs and top_logprobs (nothing precedes it, as OpenAI and vLLM
+// report it) and no text when it is the tokenizer's BOS, which the echoed text does not hold;
+// `scores` are prompt tokens 1 .. n-1 (StreamEvent::prompt_logprobs). Offsets count on from
+// text_offset, which it advances. Error when the scores do not fit the prompt.
+nlohmann::json prompt_logprobs_json(std::span<const int32_t> prompt,
+                                    std::span<const TokenLogprob> scores,
+                                    const Tokenizer& tokenizer, int64_t& text_offset);
+// Appends completions logprobs `more` to `logprobs` (the prompt's, then the answer's).
+void append_logprobs(nlohmann::json& logprobs, const nlohmann::json& more);
 
 // The whole answer: a text_completion or chat.completion object; `logprobs` is the choice's
 // (null when not asked).

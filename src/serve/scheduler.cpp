@@ -62,6 +62,7 @@ struct Scheduler::Active {
   std::vector<float> raw_logits;               // the logits before sampling changed them
   TokenLogprob sampled_logprob;                // of the token sample() just picked
   std::vector<TokenLogprob> pending_logprobs;  // accepted tokens whose text is not shown yet
+  std::vector<TokenLogprob> prompt_logprobs;   // the prompt's scores, until an event takes them
   int generated = 0;
   bool prefilled = false;
   bool finished = false;
@@ -92,9 +93,12 @@ std::string Scheduler::device_name() const { return model_->device_name(); }
 std::shared_ptr<RequestStream> Scheduler::submit(SequenceRequest request) {
   request.attention.validate();
   validate_sampler_options(request.generation.sampler);
-  if (request.top_logprobs < -1 || request.top_logprobs > kMaxTopLogprobs) {
-    throw Error("top_logprobs must be from 0 to " + std::to_string(kMaxTopLogprobs) + ", got " +
-                std::to_string(request.top_logprobs));
+  for (const auto& [name, count] : {std::pair{"top_logprobs", request.top_logprobs},
+                                    std::pair{"prompt_logprobs", request.prompt_logprobs}}) {
+    if (count < -1 || count > kMaxTopLogprobs) {
+      throw Error(std::string(name) + " must be from 0 to " + std::to_string(kMaxTopLogprobs) +
+                  ", got " + std::to_string(count));
+    }
   }
   const ModelConfig& config = model_->config();
   const int64_t prompt_tokens = static_cast<int64_t>(request.prompt.size());
@@ -171,6 +175,11 @@ void Scheduler::serve_loop() {
     return std::chrono::duration<double>(to - from).count();
   };
   const int tokenizer_vocab = std::max(tokenizer_.vocab_size(), 0);
+  // The first event after the prefill carries the prompt's scores, whatever its kind.
+  const auto push = [](Active& a, StreamEvent event) {
+    event.prompt_logprobs = std::exchange(a.prompt_logprobs, {});
+    a.stream->push(std::move(event));
+  };
 
   // Ends a request: its last event, its pages back to the pool.
   const auto finish = [&](Active& a, FinishReason reason, const std::string& error) {
@@ -186,7 +195,7 @@ void Scheduler::serve_loop() {
         StreamEvent text;
         text.text = std::move(tail);
         text.logprobs = std::exchange(a.pending_logprobs, {});
-        a.stream->push(std::move(text));
+        push(a, std::move(text));
       }
     }
     event.logprobs = std::exchange(a.pending_logprobs, {});
@@ -216,7 +225,7 @@ void Scheduler::serve_loop() {
       model_->close(a.sequence);
       a.sequence = -1;
     }
-    a.stream->push(std::move(event));
+    push(a, std::move(event));
   };
 
   // Takes a sampled token: ends the request at a stop token, a stop string or its length, else
@@ -236,7 +245,7 @@ void Scheduler::serve_loop() {
       StreamEvent event;
       event.text = std::move(text);
       event.logprobs = std::exchange(a.pending_logprobs, {});
-      a.stream->push(std::move(event));
+      push(a, std::move(event));
     }
     if (stopped) {
       a.decoder.reset();  // what followed the stop string is not shown
@@ -319,6 +328,10 @@ void Scheduler::serve_loop() {
                                    a->request.generation.max_tokens);
           a->sequence = model_->open(a->request.attention, a->request.prompt,
                                      a->request.generation.max_tokens);
+          if (a->request.prompt_logprobs >= 0) {
+            model_->ask_prompt_logprobs(a->sequence, a->request.prompt_logprobs,
+                                        std::min(tokenizer_vocab, model_->config().vocab_size));
+          }
           a->sampler.emplace(a->request.generation.sampler);
           a->decoder.emplace(tokenizer_);
           a->decoder->prime(a->request.prompt);
@@ -394,6 +407,7 @@ void Scheduler::serve_loop() {
           Active& a = *prefill;
           a.prefilled = true;
           a.first_token = Clock::now();
+          a.prompt_logprobs = std::move(output.prompt_logprobs);
           try {
             if (a.request.generation.max_tokens == 0) {
               finish(a, FinishReason::kLength, {});

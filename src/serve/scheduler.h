@@ -62,6 +62,9 @@ struct StreamEvent {
   // With logprobs asked: the tokens this event's text came from; on kFinished, those whose text
   // was held back or cut by a stop string. Each generated token appears once, in order.
   std::vector<TokenLogprob> logprobs;
+  // With prompt_logprobs asked, on the first event after the prefill: prompt tokens 1 .. n-1,
+  // each scored under the position before it.
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 struct SequenceRequest {
@@ -71,6 +74,9 @@ struct SequenceRequest {
   // -1: no logprobs; else each generated token's logprob with this many alternatives (0 to
   // kMaxTopLogprobs).
   int top_logprobs = -1;
+  // -1: the prompt is not scored; else its tokens' logprobs (echo with logprobs) with this many
+  // alternatives, over the tokenizer's ids as the generated tokens' are.
+  int prompt_logprobs = -1;
 };
 
 // One request's side of the conversation with the scheduler; shared by both.

@@ -293,9 +293,86 @@ test("echo puts the prompt before the answer, whole and streamed", async () => {
   for await (const chunk of stream) pieces.push(chunk.choices[0]?.text ?? "");
   assert.equal(pieces[0], request.prompt);
   assert.equal(pieces.join(""), echoed.choices[0].text);
+});
+
+// Logprobs of the same tokens computed in differently shaped products (a prompt's last row alone
+// or among all its rows) agree to float rounding, not bit for bit.
+function assertLogprobsClose(actual, expected, what) {
+  assert.equal(actual.length, expected.length, what);
+  actual.forEach((value, i) => {
+    assert.ok(Math.abs(value - expected[i]) < 1e-3, `${what} ${i}: ${value} vs ${expected[i]}`);
+  });
+}
+
+// lm-evaluation-harness's loglikelihood through local-completions: echo, logprobs 1, temperature 0,
+// reading token_logprobs[ctxlen:-1] and checking each against max(top_logprobs).
+test("echo with logprobs scores the prompt tokens, then the answer's, whole and streamed", async () => {
+  const prompt = needlePrompt;
+  const counted = await post("/tokenize", { model: modelId, prompt });
+  assert.equal(counted.status, 200, counted.text);
+  const n = counted.json.count;
+  const request = { model: modelId, prompt, max_tokens: 2, temperature: 0, logprobs: 1 };
+  const plain = await client.completions.create(request);
+  const scored = await client.completions.create({ ...request, echo: true });
+  const [choice] = scored.choices;
+  assert.equal(choice.text, prompt + plain.choices[0].text);
+  const { tokens, token_logprobs: logprobs, top_logprobs: tops, text_offset: offsets } = choice.logprobs;
+  assert.equal(tokens.length, n + 2);
+  assert.equal(logprobs.length, n + 2);
+  // Nothing precedes the first token (BOS, not in the echoed text): null, and no text.
+  assert.equal(logprobs[0], null);
+  assert.equal(tops[0], null);
+  assert.equal(tokens.slice(0, n).join(""), prompt);
+  for (let i = 1; i < n; i++) {
+    assert.ok(logprobs[i] <= 0 && logprobs[i] >= -9999, `prompt token ${i}: ${logprobs[i]}`);
+    assert.equal(tops[i][tokens[i]], logprobs[i]);
+    assert.ok(Math.max(...Object.values(tops[i])) >= logprobs[i]);
+    assert.ok(offsets[i] >= offsets[i - 1]);
+  }
+  // The trained continuation after "It is" is likely, but not every prompt token is.
+  assert.ok(Math.min(...logprobs.slice(1, n)) < Math.log(0.5), "a prompt the model finds certain");
+  // The answer's part is what the request gets without echo, its offsets after the echoed text.
+  assert.deepEqual(tokens.slice(n), plain.choices[0].logprobs.tokens);
+  assertLogprobsClose(logprobs.slice(n), plain.choices[0].logprobs.token_logprobs, "answer token");
+  assert.equal(offsets[n], Buffer.byteLength(prompt));
+  assert.deepEqual(scored.usage, plain.usage);
+
+  // The prompt extended by the answer's first token scores that token as generation did.
+  const answerToken = plain.choices[0].logprobs.tokens[0];
+  const extended = await client.completions.create({
+    ...request,
+    prompt: prompt + answerToken,
+    echo: true,
+    max_tokens: 0,
+  });
+  assert.equal(extended.choices[0].text, prompt + answerToken);
+  assert.equal(extended.choices[0].finish_reason, "length");
+  assert.equal(extended.usage.completion_tokens, 0);
+  const extendedLogprobs = extended.choices[0].logprobs;
+  assert.equal(extendedLogprobs.tokens.length, n + 1);
+  assert.equal(extendedLogprobs.tokens[n], answerToken);
+  assertLogprobsClose([extendedLogprobs.token_logprobs[n]], [logprobs[n]], "scored answer token");
+  assert.equal(extendedLogprobs.token_logprobs[0], null);
+  assertLogprobsClose(extendedLogprobs.token_logprobs.slice(1, n), logprobs.slice(1, n), "prompt token");
+
+  // Streamed: the echoed prompt and all its scores are the first chunk.
+  const stream = await client.completions.create({ ...request, echo: true, stream: true });
+  const chunks = [];
+  for await (const chunk of stream) chunks.push(chunk.choices[0]);
+  assert.equal(chunks[0].text, prompt);
+  assert.equal(chunks[0].logprobs.tokens.length, n);
+  assert.deepEqual(chunks[0].logprobs.token_logprobs, logprobs.slice(0, n));
+  const streamed = chunks.flatMap((chunk) => chunk.logprobs?.token_logprobs ?? []);
+  assert.deepEqual(streamed, logprobs);
+  assert.deepEqual(
+    chunks.flatMap((chunk) => chunk.logprobs?.text_offset ?? []),
+    offsets,
+  );
+  assert.equal(chunks.map((chunk) => chunk.text).join(""), choice.text);
+
   await assert.rejects(
-    client.completions.create({ ...request, echo: true, logprobs: 1 }),
-    (error) => error instanceof OpenAI.BadRequestError && error.param === "echo",
+    client.completions.create({ ...request, max_tokens: 0 }),
+    (error) => error instanceof OpenAI.BadRequestError && error.param === "max_tokens",
   );
 });
 
