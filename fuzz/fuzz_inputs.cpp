@@ -171,6 +171,7 @@ void fuzz_openai_request(const uint8_t* data, size_t size) {
   serve::ServedModel served;
   served.id = "needle-llama-11m";
   served.vocab_size = 4096;
+  served.prompt_vocab_size = 4096;
   for (const serve::Endpoint endpoint :
        {serve::Endpoint::kCompletions, serve::Endpoint::kChatCompletions}) {
     try {

@@ -23,6 +23,7 @@ ServedModel served_model() {
   ServedModel served;
   served.id = "needle-llama-11m";
   served.vocab_size = 4096;
+  served.prompt_vocab_size = 4000;  // fewer than logit_bias may name: a padded model's rows
   served.default_attention.prefill = PrefillMethod::kEntropy;
   served.default_attention.prefill_params.segment_size = 64;
   served.default_attention.prefill_params.block_size = 8;
@@ -150,6 +151,116 @@ TEST(OpenAiRequest, PromptMayBeAnArrayOfOneStringAndStopOneString) {
   EXPECT_EQ(request.seed, UINT64_MAX);  // OpenAI's signed seeds map onto 64 bits
 }
 
+// The exact refusal of a completions body: 400 about `param` with `message`.
+void expect_completion_message(std::string_view body, const std::string& param,
+                               const std::string& message) {
+  try {
+    parse(Endpoint::kCompletions, body);
+    ADD_FAILURE() << "accepted: " << body;
+  } catch (const ApiError& error) {
+    EXPECT_EQ(error.status, 400) << body;
+    EXPECT_EQ(error.type, "invalid_request_error") << body;
+    EXPECT_EQ(error.param, param) << body;
+    EXPECT_EQ(error.message, message) << body;
+  }
+}
+
+TEST(OpenAiRequest, TokenIdPromptsAreTheirIdsExactly) {
+  const CompletionRequest flat = parse(Endpoint::kCompletions, R"({"prompt": [1, 0, 3999, 17]})");
+  ASSERT_TRUE(flat.prompt_token_ids.has_value());
+  EXPECT_EQ(*flat.prompt_token_ids, (std::vector<int32_t>{1, 0, 3999, 17}));
+  EXPECT_EQ(flat.prompt, "");
+  const CompletionRequest nested = parse(Endpoint::kCompletions, R"({"prompt": [[42]]})");
+  ASSERT_TRUE(nested.prompt_token_ids.has_value());
+  EXPECT_EQ(*nested.prompt_token_ids, std::vector<int32_t>{42});
+  // lm-evaluation-harness's loglikelihood request: context and continuation ids, scored alone.
+  const CompletionRequest scoring =
+      parse(Endpoint::kCompletions,
+            R"({"model": "needle-llama-11m", "prompt": [[5, 6, 7]], "echo": true, "max_tokens": 0,
+          "logprobs": 1, "temperature": 0, "seed": 1234})");
+  EXPECT_EQ(scoring.prompt_token_ids, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_TRUE(scoring.echo);
+  EXPECT_EQ(scoring.max_tokens, 0);
+  EXPECT_EQ(scoring.top_logprobs, 1);
+  // Text prompts carry no ids.
+  EXPECT_FALSE(parse_completion({{"prompt", {"text"}}}).prompt_token_ids.has_value());
+  EXPECT_FALSE(parse_completion({{"prompt", "text"}}).prompt_token_ids.has_value());
+  // The context check counts the ids.
+  EXPECT_EQ(resolve_max_tokens(flat, static_cast<int64_t>(flat.prompt_token_ids->size()), 20),
+            kDefaultCompletionTokens);
+  EXPECT_THROW(resolve_max_tokens(flat, 4, 4), ApiError);
+}
+
+TEST(OpenAiRequest, TokenIdsOutsideThePromptVocabularyNameTheIdAndTheRange) {
+  expect_completion_message(R"({"prompt": [1, 4000]})", "prompt[1]",
+                            "'prompt[1]' is token id 4000, outside the vocabulary: ids are 0 to "
+                            "3999");
+  expect_completion_message(
+      R"({"prompt": [-1]})", "prompt[0]",
+      "'prompt[0]' is token id -1, outside the vocabulary: ids are 0 to 3999");
+  expect_completion_message(R"({"prompt": [[2, 3, 18446744073709551615]]})", "prompt[0][2]",
+                            "'prompt[0][2]' is token id 18446744073709551615, outside the "
+                            "vocabulary: ids are 0 to 3999");
+  expect_completion_message(R"({"prompt": [-9223372036854775808]})", "prompt[0]",
+                            "'prompt[0]' is token id -9223372036854775808, outside the "
+                            "vocabulary: ids are 0 to 3999");
+  // Without a bound the ids are those an int32 holds.
+  ServedModel unbounded = served_model();
+  unbounded.prompt_vocab_size = 0;
+  EXPECT_EQ(
+      parse_completion_request(Endpoint::kCompletions, R"({"prompt": [2147483647]})", unbounded)
+          .prompt_token_ids,
+      std::vector<int32_t>{2147483647});
+  EXPECT_THROW(
+      parse_completion_request(Endpoint::kCompletions, R"({"prompt": [2147483648]})", unbounded),
+      ApiError);
+}
+
+TEST(OpenAiRequest, MalformedTokenIdPromptsAreRefusedNamingTheElement) {
+  expect_completion_message(R"({"prompt": []})", "prompt",
+                            "'prompt' is an empty array; send a string or at least one token id");
+  expect_completion_message(R"({"prompt": [[]]})", "prompt[0]",
+                            "'prompt[0]' is an empty token array; send at least one token id");
+  expect_completion_message(R"({"prompt": [1.5]})", "prompt[0]",
+                            "'prompt[0]' must be a string, an integer token id or an array of "
+                            "token ids, got a number");
+  expect_completion_message(R"({"prompt": [1, 2.0]})", "prompt[1]",
+                            "'prompt[1]' must be an integer token id, got a number");
+  expect_completion_message(R"({"prompt": [1, "a"]})", "prompt[1]",
+                            "'prompt[1]' must be an integer token id, got a string");
+  expect_completion_message(R"({"prompt": ["a", 1]})", "prompt[1]",
+                            "'prompt[1]' must be a string, got an integer");
+  expect_completion_message(R"({"prompt": [true]})", "prompt[0]",
+                            "'prompt[0]' must be a string, an integer token id or an array of "
+                            "token ids, got a boolean");
+  expect_completion_message(R"({"prompt": [1, false]})", "prompt[1]",
+                            "'prompt[1]' must be an integer token id, got a boolean");
+  expect_completion_message(R"({"prompt": [null]})", "prompt[0]",
+                            "'prompt[0]' must be a string, an integer token id or an array of "
+                            "token ids, got null");
+  expect_completion_message(R"({"prompt": [[[1]]]})", "prompt[0][0]",
+                            "'prompt[0][0]' must be an integer token id, got an array");
+  expect_completion_message(R"({"prompt": [[1, [2]]]})", "prompt[0][1]",
+                            "'prompt[0][1]' must be an integer token id, got an array");
+  expect_completion_message(R"({"prompt": [1, [2]]})", "prompt[1]",
+                            "'prompt[1]' must be an integer token id, got an array");
+  expect_completion_message(R"({"prompt": [[1], "a"]})", "prompt[1]",
+                            "'prompt[1]' must be an array of token ids, got a string");
+  expect_completion_message(R"({"prompt": {"ids": [1]}})", "prompt",
+                            "'prompt' must be a string, an array of token ids or an array of one "
+                            "of those, got an object");
+}
+
+TEST(OpenAiRequest, BatchedPromptsAreRefusedAsSuch) {
+  expect_completion_message(R"({"prompt": [[1, 2], [3]]})", "prompt",
+                            "only one prompt per request is supported, got 2 prompts");
+  expect_completion_message(R"({"prompt": ["a", "b", "c"]})", "prompt",
+                            "only one prompt per request is supported, got 3 prompts");
+  // A batch whose later prompt is bad is still refused (either way, never run).
+  expect_completion_message(R"({"prompt": [[1], [4000]]})", "prompt",
+                            "only one prompt per request is supported, got 2 prompts");
+}
+
 TEST(OpenAiRequest, ChatMessagesWithStringAndTextPartContent) {
   const CompletionRequest request = parse_chat(
       {{"messages",
@@ -190,6 +301,10 @@ TEST(TokenEndpoints, TokenizeTakesAPromptOrMessagesAndDetokenizeIdsInTheVocabula
       parse_tokenize_request(R"({"model": "needle-llama-11m", "prompt": "Hi"})", served_model());
   EXPECT_EQ(prompt.endpoint, Endpoint::kCompletions);
   EXPECT_EQ(prompt.prompt, "Hi");
+  // A token-id prompt tokenizes to its ids, as a completion with it holds them.
+  const CompletionRequest ids = parse_tokenize_request(R"({"prompt": [[9, 8]]})", served_model());
+  EXPECT_EQ(ids.endpoint, Endpoint::kCompletions);
+  EXPECT_EQ(ids.prompt_token_ids, (std::vector<int32_t>{9, 8}));
   const CompletionRequest chat = parse_tokenize_request(
       R"({"messages": [{"role": "user", "content": "Hi"}]})", served_model());
   EXPECT_EQ(chat.endpoint, Endpoint::kChatCompletions);
@@ -211,6 +326,8 @@ TEST(TokenEndpoints, TokenizeTakesAPromptOrMessagesAndDetokenizeIdsInTheVocabula
   tokenize_refused(R"({"prompt": "a", "messages": []})", refused("messages", {}));
   tokenize_refused(R"({"prompt": "a", "stream": true})", refused("stream", {}));
   tokenize_refused(R"({"prompt": "a", "model": "gpt-4"})", {404, "not_found_error", "model", {}});
+  tokenize_refused(R"({"prompt": [4000]})", refused("prompt[0]", {}));
+  tokenize_refused(R"({"prompt": [[1], [2]]})", refused("prompt", {}));
   const auto detokenize_refused = [](std::string_view body, const std::string& param) {
     try {
       parse_detokenize_request(body, served_model());
@@ -454,10 +571,7 @@ TEST(OpenAiRequest, UnsupportedFeaturesNameTheField) {
                       unsupported("functions"));
   expect_chat_refused({{"messages", kUserTurn}, {"response_format", {{"type", "json_object"}}}},
                       unsupported("response_format"));
-  expect_completion_refused({{"prompt", {1, 2, 3}}},
-                            refused("prompt", {"'prompt'", "not supported", "token-id"}));
   expect_completion_refused({{"prompt", {"a", "b"}}}, refused("prompt", {"one prompt", "got 2"}));
-  expect_completion_refused({{"prompt", json::array()}}, refused("prompt", {"empty"}));
   expect_chat_refused({{"messages",
                         {{{"role", "user"},
                           {"content", {{{"type", "image_url"}, {"image_url", {{"url", "x"}}}}}}}}}},
@@ -703,7 +817,7 @@ TEST(OpenAiResponse, PromptLogprobsLeaveTheFirstTokenUnscoredAndPrecedeTheAnswer
   const std::vector<int32_t> prompt = {0, 1, 2};
   const std::vector<TokenLogprob> scores = {{1, -2.0f, {{2, -0.5f}}}, {2, -0.75f, {{2, -0.75f}}}};
   int64_t offset = 0;
-  json logprobs = prompt_logprobs_json(prompt, scores, tokenizer, offset);
+  json logprobs = prompt_logprobs_json(prompt, scores, tokenizer, offset, /*bos_added=*/true);
   EXPECT_EQ(offset, 8);  // "" + "Hi" + " there"
   EXPECT_EQ(logprobs["tokens"], json::array({"", "Hi", " there"}));
   EXPECT_TRUE(logprobs["token_logprobs"][0].is_null());
@@ -722,10 +836,18 @@ TEST(OpenAiResponse, PromptLogprobsLeaveTheFirstTokenUnscoredAndPrecedeTheAnswer
 
   // A prompt without BOS lists its first token's text; one token has no scores at all.
   offset = 0;
-  const json lone = prompt_logprobs_json(std::vector<int32_t>{1}, {}, tokenizer, offset);
+  const json lone = prompt_logprobs_json(std::vector<int32_t>{1}, {}, tokenizer, offset, true);
   EXPECT_EQ(lone["tokens"], json::array({"Hi"}));
   EXPECT_EQ(offset, 2);
-  EXPECT_THROW(prompt_logprobs_json(prompt, {}, tokenizer, offset), Error);
+  EXPECT_THROW(prompt_logprobs_json(prompt, {}, tokenizer, offset, true), Error);
+
+  // A token-id prompt's BOS was the client's: its text is listed, as in the echoed text.
+  offset = 0;
+  const json ids = prompt_logprobs_json(prompt, scores, tokenizer, offset, /*bos_added=*/false);
+  EXPECT_EQ(ids["tokens"], json::array({"<s>", "Hi", " there"}));
+  EXPECT_EQ(ids["text_offset"], json::array({0, 3, 5}));
+  EXPECT_EQ(offset, 11);
+  EXPECT_EQ(ids["token_logprobs"], json::array({nullptr, -2.0, -0.75}));
 }
 
 TEST(OpenAiResponse, ChatLogprobsCarryBytesAndTopLists) {

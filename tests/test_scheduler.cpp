@@ -244,6 +244,35 @@ TEST_F(SchedulerTest, PromptLogprobsComeOnceAndScoreEachPromptTokenUnderTheRowBe
   EXPECT_EQ(scheduler->snapshot().pool.pages_used, 0);
 }
 
+// A token-id prompt (the server's /v1/completions with an array of ids) runs exactly as given:
+// without BOS, its own first token unscored and every later one scored and counted.
+TEST_F(SchedulerTest, APromptWithoutBosIsScoredAndCountedAsGiven) {
+  SequenceRequest r = request("full", 2, 0);
+  r.prompt = tokenizer_->encode(" the keeper counted ships", {.add_bos = false});
+  ASSERT_GE(r.prompt.size(), 3u);
+  ASSERT_NE(tokenizer_->bos_id(), r.prompt.front());
+  r.top_logprobs = 1;
+  r.prompt_logprobs = 1;
+  std::unique_ptr<Scheduler> scheduler = make_scheduler(int64_t{64} << 20);
+  const Answer scored = read_all(*scheduler->submit(r));
+  EXPECT_EQ(scored.finished.stats.prompt_tokens, static_cast<int>(r.prompt.size()));
+  ASSERT_EQ(scored.prompt_logprobs.size(), r.prompt.size() - 1);
+  Transformer model(*weights_, 0, r.attention);
+  const std::vector<float> rows = model.forward(r.prompt, /*all_logits=*/true);
+  const size_t vocab = static_cast<size_t>(weights_->config.vocab_size);
+  for (size_t i = 0; i + 1 < r.prompt.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(scored.prompt_logprobs[i].token, r.prompt[i + 1]);
+    EXPECT_NEAR(
+        scored.prompt_logprobs[i].logprob,
+        token_logprob(std::span<const float>(rows.data() + i * vocab, vocab), r.prompt[i + 1], 1)
+            .logprob,
+        1e-5);
+  }
+  scheduler->wait_idle();
+  EXPECT_EQ(scheduler->snapshot().pool.pages_used, 0);
+}
+
 TEST_F(SchedulerTest, APoolForOneFullRequestQueuesTheRestAndAnswersEach) {
   const SequenceRequest first = request("full", 20, 12);
   BatchModelOptions model_options;

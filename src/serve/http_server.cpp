@@ -137,6 +137,7 @@ struct StreamState {
   // Echo with logprobs: the first chunk waits for the prefill, whose first event brings the
   // prompt's scores; these are the tokens they list.
   std::optional<std::vector<int32_t>> scored_prompt;
+  bool bos_added = true;    // the server put BOS before a text prompt (prompt_logprobs_json)
   int64_t text_offset = 0;  // completions' text_offset of the next token
   bool role_sent = false;
   bool finished = false;
@@ -162,7 +163,9 @@ class FrontEnd {
         tokenizer_(tokenizer),
         config_(config),
         // The scheduler samples over the tokenizer's ids, so those are what logit_bias may name.
-        served_{config.model_id, config.default_attention, std::max(tokenizer.vocab_size(), 0)},
+        served_{config.model_id, config.default_attention, std::max(tokenizer.vocab_size(), 0),
+                // A prompt's ids must have an embedding row and text.
+                std::max(std::min(tokenizer.vocab_size(), scheduler.model_config().vocab_size), 0)},
         started_(std::chrono::duration_cast<std::chrono::seconds>(
                      std::chrono::system_clock::now().time_since_epoch())
                      .count()) {}
@@ -180,6 +183,8 @@ class FrontEnd {
 
   void handle_generation(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
   std::vector<int32_t> tokenize(const CompletionRequest& request) const;
+  // What echo puts before the answer: the prompt's text, or a token-id prompt's ids decoded.
+  std::string echo_text(const CompletionRequest& request) const;
   std::shared_ptr<RequestStream> submit(SequenceRequest sequence) const;
   // scored_prompt: the prompt's tokens when echo with logprobs scores them, else empty.
   void answer_whole(const CompletionRequest& request, std::span<const int32_t> scored_prompt,
@@ -336,6 +341,8 @@ void FrontEnd::on_exception(httplib::Response& res, std::exception_ptr exception
 }
 
 std::vector<int32_t> FrontEnd::tokenize(const CompletionRequest& request) const {
+  // As vLLM does: token ids are the prompt exactly, with no BOS added.
+  if (request.prompt_token_ids) return *request.prompt_token_ids;
   if (request.endpoint == Endpoint::kCompletions) {
     // As `generate` does: BOS, then the text with no special-token parsing.
     return tokenizer_.encode(request.prompt, {.add_bos = true, .parse_special = false});
@@ -355,6 +362,10 @@ std::vector<int32_t> FrontEnd::tokenize(const CompletionRequest& request) const 
   }
   // The chat text carries BOS and the turn markup as special tokens.
   return tokenizer_.encode(text, {.add_bos = false, .parse_special = true});
+}
+
+std::string FrontEnd::echo_text(const CompletionRequest& request) const {
+  return request.prompt_token_ids ? tokenizer_.decode(*request.prompt_token_ids) : request.prompt;
 }
 
 std::shared_ptr<RequestStream> FrontEnd::submit(SequenceRequest sequence) const {
@@ -447,7 +458,8 @@ void FrontEnd::answer_whole(const CompletionRequest& request,
                             std::span<const int32_t> scored_prompt,
                             std::shared_ptr<RequestStream> stream, Clock::time_point start,
                             httplib::Response& res) {
-  std::string text = request.echo ? request.prompt : std::string();
+  const std::string echoed = request.echo ? echo_text(request) : std::string();
+  std::string text = echoed;
   std::vector<TokenLogprob> logprobs, prompt_logprobs;
   StreamEvent event;
   for (;;) {
@@ -474,10 +486,10 @@ void FrontEnd::answer_whole(const CompletionRequest& request,
   if (request.top_logprobs) {
     int64_t text_offset = 0;
     if (!scored_prompt.empty()) {
-      logprobs_object =
-          prompt_logprobs_json(scored_prompt, prompt_logprobs, tokenizer_, text_offset);
+      logprobs_object = prompt_logprobs_json(scored_prompt, prompt_logprobs, tokenizer_,
+                                             text_offset, !request.prompt_token_ids);
       // The answer's offsets count from the end of the echoed text.
-      text_offset = static_cast<int64_t>(request.prompt.size());
+      text_offset = static_cast<int64_t>(echoed.size());
       append_logprobs(logprobs_object,
                       logprobs_json(request.endpoint, logprobs, tokenizer_, text_offset));
     } else {
@@ -499,7 +511,8 @@ void FrontEnd::answer_streamed(const CompletionRequest& request, std::vector<int
   state->identity = new_response_identity(request.endpoint, request.model);
   state->include_usage = request.include_usage;
   state->logprobs = request.top_logprobs.has_value();
-  if (request.echo) state->echo = request.prompt;
+  if (request.echo) state->echo = echo_text(request);
+  state->bos_added = !request.prompt_token_ids;
   if (!scored_prompt.empty()) state->scored_prompt = std::move(scored_prompt);
   state->start = start;
   state->last_write = Clock::now();
@@ -556,8 +569,8 @@ bool FrontEnd::write_stream(StreamState& state, httplib::DataSink& sink) {
     // The echoed prompt with its scores is the first chunk; the answer's offsets follow its text.
     const std::vector<int32_t> prompt = *std::exchange(state.scored_prompt, std::nullopt);
     int64_t prompt_offset = 0;
-    const nlohmann::json scores =
-        prompt_logprobs_json(prompt, event.prompt_logprobs, tokenizer_, prompt_offset);
+    const nlohmann::json scores = prompt_logprobs_json(prompt, event.prompt_logprobs, tokenizer_,
+                                                       prompt_offset, state.bos_added);
     const std::string text = std::exchange(state.echo, {});
     state.text_offset = static_cast<int64_t>(text.size());
     if (!send(sse_event(

@@ -226,21 +226,79 @@ json parse_object_body(std::string_view body) {
   throw invalid_request("unrecognized request field '" + name + "'", name, "unknown_parameter");
 }
 
-std::string read_prompt(const json& value) {
-  if (value.is_string()) return value.get<std::string>();
-  if (!value.is_array()) wrong_type("prompt", "a string or an array of one string", value);
-  if (value.empty()) throw invalid_request("'prompt' is an empty array; send one string", "prompt");
-  for (const json& element : value) {
-    if (element.is_number_integer() || element.is_array()) {
-      unsupported("prompt", "token-id prompts; send the prompt as text");
+// One element of a token-id prompt: an integer inside the vocabulary (prompt_vocab_size > 0
+// bounds it).
+int32_t read_token_id(const std::string& param, const json& value, int prompt_vocab_size) {
+  if (!value.is_number_integer()) wrong_type(param, "an integer token id", value);
+  const int64_t limit =
+      prompt_vocab_size > 0 ? prompt_vocab_size : int64_t{std::numeric_limits<int32_t>::max()} + 1;
+  const bool in_range = value.is_number_unsigned()
+                            ? value.get<uint64_t>() < static_cast<uint64_t>(limit)
+                            : value.get<int64_t>() >= 0 && value.get<int64_t>() < limit;
+  if (!in_range) {
+    throw invalid_request("'" + param + "' is token id " + value.dump() +
+                              ", outside the vocabulary: ids are 0 to " + std::to_string(limit - 1),
+                          param, "invalid_value");
+  }
+  return static_cast<int32_t>(value.get<int64_t>());
+}
+
+std::vector<int32_t> read_token_ids(const std::string& param, const json& value,
+                                    int prompt_vocab_size) {
+  if (value.empty()) {
+    throw invalid_request("'" + param + "' is an empty token array; send at least one token id",
+                          param, "invalid_value");
+  }
+  std::vector<int32_t> ids;
+  ids.reserve(value.size());
+  for (size_t index = 0; index < value.size(); ++index) {
+    ids.push_back(
+        read_token_id(param + "[" + std::to_string(index) + "]", value[index], prompt_vocab_size));
+  }
+  return ids;
+}
+
+// OpenAI's prompt forms for one prompt: a string, token ids, or an array holding one of either.
+// More than one prompt (a batch) is refused, as n > 1 is.
+void read_prompt(const json& value, const ServedModel& served, CompletionRequest& request) {
+  request.prompt.clear();
+  request.prompt_token_ids.reset();
+  if (value.is_string()) {
+    request.prompt = value.get<std::string>();
+    return;
+  }
+  if (!value.is_array()) {
+    wrong_type("prompt", "a string, an array of token ids or an array of one of those", value);
+  }
+  if (value.empty()) {
+    throw invalid_request("'prompt' is an empty array; send a string or at least one token id",
+                          "prompt", "invalid_value");
+  }
+  const json& first = value[0];
+  if (first.is_number_integer()) {
+    request.prompt_token_ids = read_token_ids("prompt", value, served.prompt_vocab_size);
+    return;
+  }
+  if (!first.is_string() && !first.is_array()) {
+    wrong_type("prompt[0]", "a string, an integer token id or an array of token ids", first);
+  }
+  // A batch is refused as such only when it is one; mixed elements are a type error.
+  const char* element_kind = first.is_string() ? "a string" : "an array of token ids";
+  for (size_t index = 1; index < value.size(); ++index) {
+    if (value[index].type() != first.type()) {
+      wrong_type("prompt[" + std::to_string(index) + "]", element_kind, value[index]);
     }
   }
   if (value.size() > 1) {
-    throw invalid_request(
-        "only one prompt per request is supported, got " + std::to_string(value.size()), "prompt",
-        "unsupported_parameter");
+    throw invalid_request("only one prompt per request is supported, got " +
+                              std::to_string(value.size()) + " prompts",
+                          "prompt", "unsupported_parameter");
   }
-  return read_string("prompt[0]", value[0]);
+  if (first.is_string()) {
+    request.prompt = first.get<std::string>();
+  } else {
+    request.prompt_token_ids = read_token_ids("prompt[0]", first, served.prompt_vocab_size);
+  }
 }
 
 std::string read_content(const std::string& param, const json& value) {
@@ -544,7 +602,7 @@ CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view b
   for (const auto& [key, value] : root.items()) {
     if (!chat && key == "prompt") {
       if (value.is_null()) continue;
-      request.prompt = read_prompt(value);
+      read_prompt(value, served, request);
       has_input = true;
     } else if (chat && key == "messages") {
       if (value.is_null()) continue;
@@ -668,7 +726,7 @@ CompletionRequest parse_tokenize_request(std::string_view body, const ServedMode
     if (key == "model") {
       check_model(value, served);
     } else if (key == "prompt") {
-      request.prompt = read_prompt(value);
+      read_prompt(value, served, request);
       has_prompt = true;
     } else if (key == "messages") {
       request.messages = read_messages(value);
@@ -829,13 +887,13 @@ json logprobs_json(Endpoint endpoint, std::span<const TokenLogprob> tokens,
 }
 
 json prompt_logprobs_json(std::span<const int32_t> prompt, std::span<const TokenLogprob> scores,
-                          const Tokenizer& tokenizer, int64_t& text_offset) {
+                          const Tokenizer& tokenizer, int64_t& text_offset, bool bos_added) {
   if (prompt.empty() || scores.size() + 1 != prompt.size()) {
     throw Error("prompt logprobs: " + std::to_string(scores.size()) + " scores for a " +
                 std::to_string(prompt.size()) + "-token prompt");
   }
-  const bool added_bos = tokenizer.bos_id() == prompt.front();
-  const std::string first = added_bos ? std::string() : tokenizer.token_bytes(prompt.front());
+  const bool hidden_bos = bos_added && tokenizer.bos_id() == prompt.front();
+  const std::string first = hidden_bos ? std::string() : tokenizer.token_bytes(prompt.front());
   json object = {{"tokens", json::array({first})},
                  {"token_logprobs", json::array({nullptr})},
                  {"top_logprobs", json::array({nullptr})},

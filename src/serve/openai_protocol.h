@@ -53,6 +53,9 @@ struct ServedModel {
   std::string id;                     // the only model name a request may give
   AttentionConfig default_attention;  // what `attention` keys override
   int vocab_size = 0;                 // token ids logit_bias may name (0: not checked here)
+  // Token ids a prompt may hold: those the model embeds and the tokenizer decodes (0: not
+  // checked here).
+  int prompt_vocab_size = 0;
 };
 
 // Nesting the parser accepts: requests are a few levels deep; the bound keeps hostile input from
@@ -67,7 +70,10 @@ inline constexpr int64_t kMaxRequestTokens = int64_t{1} << 30;
 
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kCompletions;
-  std::string prompt;                 // completions
+  std::string prompt;  // completions, given as text
+  // Completions given as token ids (OpenAI's and vLLM's array of integers): used exactly as
+  // given, with no BOS added; `prompt` is then empty.
+  std::optional<std::vector<int32_t>> prompt_token_ids;
   std::vector<ChatMessage> messages;  // chat completions
   // max_tokens (or chat's max_completion_tokens) as given; resolve_max_tokens applies the defaults.
   std::optional<int> max_tokens;
@@ -93,7 +99,8 @@ CompletionRequest parse_completion_request(Endpoint endpoint, std::string_view b
 
 // POST /tokenize, as vLLM's: {"model"?, "prompt"} or {"model"?, "messages"}, read as the
 // completions or the chat endpoint reads them (the endpoint of the result says which), so that
-// the tokens are what a generation request with that input would hold. ApiError as above.
+// the tokens are what a generation request with that input would hold (a token-id prompt's are
+// its ids). ApiError as above.
 CompletionRequest parse_tokenize_request(std::string_view body, const ServedModel& served);
 
 // The most ids POST /detokenize takes.
@@ -154,12 +161,15 @@ nlohmann::json logprobs_json(Endpoint endpoint, std::span<const TokenLogprob> to
 
 // The echoed prompt's completions logprobs (echo with logprobs), in logprobs_json's shape: the
 // first token has null token_logprobs and top_logprobs (nothing precedes it, as OpenAI and vLLM
-// report it) and no text when it is the tokenizer's BOS, which the echoed text does not hold;
-// `scores` are prompt tokens 1 .. n-1 (StreamEvent::prompt_logprobs). Offsets count on from
-// text_offset, which it advances. Error when the scores do not fit the prompt.
+// report it); `scores` are prompt tokens 1 .. n-1 (StreamEvent::prompt_logprobs). With
+// `bos_added` (a text prompt, to which the server added the tokenizer's BOS) a first token that
+// is BOS has no text, as the echoed text does not hold it; a token-id prompt's tokens all keep
+// their text. Offsets count on from text_offset, which it advances. Error when the scores do not
+// fit the prompt.
 nlohmann::json prompt_logprobs_json(std::span<const int32_t> prompt,
                                     std::span<const TokenLogprob> scores,
-                                    const Tokenizer& tokenizer, int64_t& text_offset);
+                                    const Tokenizer& tokenizer, int64_t& text_offset,
+                                    bool bos_added);
 // Appends completions logprobs `more` to `logprobs` (the prompt's, then the answer's).
 void append_logprobs(nlohmann::json& logprobs, const nlohmann::json& more);
 
