@@ -376,6 +376,94 @@ test("echo with logprobs scores the prompt tokens, then the answer's, whole and 
   );
 });
 
+// lm-evaluation-harness's local-completions sends token ids by default (tokenized_requests), as
+// vLLM takes them: used exactly as given, with no BOS added.
+test("a token-id prompt answers and scores as the text it tokenizes", async () => {
+  const prompt = needlePrompt;
+  const counted = await post("/tokenize", { model: modelId, prompt });
+  assert.equal(counted.status, 200, counted.text);
+  const ids = counted.json.tokens; // BOS first, as the text prompt holds it
+  const request = { model: modelId, max_tokens: 6, temperature: 0 };
+  const fromText = await client.completions.create({ ...request, prompt });
+  const fromIds = await client.completions.create({ ...request, prompt: ids });
+  assert.ok(fromText.choices[0].text.length > 0, "empty completion");
+  assert.equal(fromIds.choices[0].text, fromText.choices[0].text);
+  assert.equal(fromIds.usage.prompt_tokens, ids.length);
+  assert.deepEqual(fromIds.usage, fromText.usage);
+  const nested = await client.completions.create({ ...request, prompt: [ids] });
+  assert.equal(nested.choices[0].text, fromText.choices[0].text);
+  // The ids are the prompt: none added, so without BOS there is one token fewer.
+  const withoutBos = await client.completions.create({ ...request, prompt: ids.slice(1) });
+  assert.equal(withoutBos.usage.prompt_tokens, ids.length - 1);
+
+  // The loglikelihood request: echo, max_tokens 0, logprobs 1.
+  const scoring = { model: modelId, echo: true, max_tokens: 0, logprobs: 1, temperature: 0 };
+  const textScores = (await client.completions.create({ ...scoring, prompt })).choices[0];
+  const idScored = await client.completions.create({ ...scoring, prompt: ids });
+  const idScores = idScored.choices[0];
+  assert.equal(idScored.usage.prompt_tokens, ids.length);
+  assert.equal(idScored.usage.completion_tokens, 0);
+  assert.equal(idScores.finish_reason, "length");
+  const { tokens, token_logprobs: logprobs, top_logprobs: tops, text_offset: offsets } = idScores.logprobs;
+  assert.equal(tokens.length, ids.length);
+  assert.equal(logprobs[0], null);
+  assert.equal(tops[0], null);
+  assert.deepEqual(logprobs, textScores.logprobs.token_logprobs);
+  assert.ok(logprobs.slice(1).every((value) => value <= 0 && value >= -9999), "scores");
+  // Each token is the given id's text: BOS's included, since the client sent it.
+  const decoded = await post("/detokenize", { tokens: ids });
+  assert.equal(decoded.status, 200, decoded.text);
+  assert.equal(idScores.text, decoded.json.prompt);
+  assert.equal(tokens.join(""), decoded.json.prompt);
+  assert.deepEqual(tokens.slice(1), textScores.logprobs.tokens.slice(1));
+  const bos = await post("/detokenize", { tokens: [ids[0]] });
+  assert.equal(tokens[0], bos.json.prompt);
+  assert.ok(tokens[0].length > 0, "BOS has no text");
+  const bosBytes = Buffer.byteLength(tokens[0]);
+  assert.deepEqual(
+    offsets.slice(1),
+    textScores.logprobs.text_offset.slice(1).map((offset) => offset + bosBytes),
+  );
+
+  // Streamed: the decoded ids and all their scores are the first chunk.
+  const stream = await client.completions.create({ ...scoring, prompt: ids, stream: true });
+  const chunks = [];
+  for await (const chunk of stream) chunks.push(chunk.choices[0]);
+  assert.equal(chunks[0].text, decoded.json.prompt);
+  assert.deepEqual(chunks[0].logprobs.token_logprobs, logprobs);
+  assert.deepEqual(chunks[0].logprobs.tokens, tokens);
+
+  // Without BOS the first given token goes unscored and the rest are scored in a shorter context.
+  const bosless = (await client.completions.create({ ...scoring, prompt: ids.slice(1) })).choices[0];
+  assert.equal(bosless.logprobs.token_logprobs.length, ids.length - 1);
+  assert.equal(bosless.logprobs.token_logprobs[0], null);
+  assert.deepEqual(bosless.logprobs.tokens, tokens.slice(1));
+  assert.notDeepEqual(bosless.logprobs.token_logprobs.slice(1), logprobs.slice(2));
+});
+
+test("token-id prompts that are batches, empty or outside the vocabulary are refused", async () => {
+  const refusal = (prompt, param, message) =>
+    assert.rejects(client.completions.create({ model: modelId, prompt, max_tokens: 1 }), (error) => {
+      assert.ok(error instanceof OpenAI.BadRequestError, `got ${error.constructor.name} for ${JSON.stringify(prompt)}`);
+      assert.equal(error.param, param);
+      assert.match(error.message, message);
+      return true;
+    });
+  await refusal([[1, 2], [3]], "prompt", /only one prompt per request is supported, got 2 prompts/);
+  await refusal([], "prompt", /empty/);
+  await refusal([[]], "prompt[0]", /empty token array/);
+  // The shipped model and its tokenizer both have 4096 ids.
+  await refusal([1, 4096], "prompt[1]", /token id 4096, outside the vocabulary: ids are 0 to 4095/);
+  await refusal([-3], "prompt[0]", /token id -3, outside the vocabulary/);
+  await refusal([1, 2.5], "prompt[1]", /must be an integer token id, got a number/);
+  await refusal([1, "a"], "prompt[1]", /must be an integer token id, got a string/);
+  await refusal([[[1]]], "prompt[0][0]", /got an array/);
+  const tooLong = await post("/v1/completions", { prompt: new Array(contextLength).fill(wordTokenId("the")) });
+  assert.equal(tooLong.status, 400, tooLong.text);
+  assert.equal(tooLong.json.error.param, "prompt");
+  assert.match(tooLong.json.error.message, new RegExp(`the prompt has ${contextLength} tokens`));
+});
+
 test("tokenize counts what a request holds and detokenize gives the text back", async () => {
   const prompt = "Once upon a time";
   const completion = await client.completions.create({ model: modelId, prompt, max_tokens: 1, temperature: 0 });
