@@ -7,6 +7,7 @@
 //   head, head sizes 64 and 128, one split, the automatic count and many, value row scales spread
 //   over 2^-8 .. 2^8 (so O's unit is raised mid-split), and a 32k cache with 32/8 heads (its speed
 //   printed as GB/s of codes and scales read).
+// - steps of append and decode queued back to back read each step's appended row.
 //
 // Tolerance: queries rounded to fp16 (exact for these bf16 values), P times its relative value
 // scale rounded to fp16 (2^-11 relative), output bf16 (2^-9): relative L2 <= 5e-3 and max |error|
@@ -311,6 +312,91 @@ TEST(CudaFp8KvCache, EmptyCacheGivesZeros) {
 TEST(CudaFp8KvCache, LongCacheMatchesCpuReference) {
   ENTROPYINFER_REQUIRE_GPU();
   run_case({32, 8, 128, false, 30000, 32760}, {0, 1, 200, 400}, 950, /*print_speed=*/true);
+}
+
+// Appends and decodes of many steps queued on one stream with no wait between: each decode may be
+// launched while the append before it still runs (programmatic dependent launch), and must still
+// read that step's row and length, with the split workspace reused step after step. Lengths start
+// next to tile edges (32 rows), so that the appended row opens a tile and a warp's share of the
+// tiles moves; rows past each length hold other values, which a stale read would see.
+void run_back_to_back_steps(int requested_splits, uint32_t seed) {
+  const int q_heads = 32, kv_heads = 8, head_dim = 128, steps = 40;
+  HostFp8Caches host;
+  host.caches = kv_heads;
+  host.stride = 1200;
+  host.head_dim = head_dim;
+  host.resize();
+  const std::vector<float> keys = spread_rows(host.caches * host.stride, head_dim, seed, 3);
+  const std::vector<float> values = spread_rows(host.caches * host.stride, head_dim, seed + 1);
+  for (int64_t cache = 0; cache < host.caches; ++cache) {
+    for (int64_t row = 0; row < host.stride; ++row) {
+      const size_t at = static_cast<size_t>(cache * host.stride + row) * head_dim;
+      host.store(cache, row, keys.data() + at, values.data() + at);
+    }
+  }
+  host.lengths = {30, 31, 32, 63, 64, 95, 223, 1000};
+  auto key_codes = upload(host.key_codes), value_codes = upload(host.value_codes);
+  auto key_scales = upload(host.key_scales), value_scales = upload(host.value_scales);
+  const cuda::Fp8KvCache cache{key_codes.data(), value_codes.data(), key_scales.data(),
+                               value_scales.data()};
+  std::vector<int32_t> lengths32(host.lengths.begin(), host.lengths.end());
+  auto lengths = upload(lengths32);
+  cuda::RaggedShape shape;
+  shape.q_heads = q_heads;
+  shape.kv_heads = kv_heads;
+  shape.head_dim = head_dim;
+  shape.cache_stride = host.stride;
+  shape.max_length = host.stride;
+  shape.fp8 = true;
+  // Every step's new rows differ from the rows stored past the lengths.
+  const auto k_new = spread_rows(int64_t{steps} * kv_heads, head_dim, seed + 2, 3);
+  const auto v_new = spread_rows(int64_t{steps} * kv_heads, head_dim, seed + 3);
+  const auto q =
+      gpu_test::random_bf16_values(static_cast<size_t>(q_heads) * head_dim, seed + 4, 2.0f);
+  auto k_gpu = gpu_test::upload_bf16(k_new), v_gpu = gpu_test::upload_bf16(v_new);
+  auto q_gpu = gpu_test::upload_bf16(q);
+  const int splits = cuda::ragged_decode_splits(shape, requested_splits);
+  cuda::DeviceBuffer<float> workspace(
+      std::max<size_t>(1, cuda::ragged_decode_workspace_floats(shape, splits)));
+  const size_t out_size = static_cast<size_t>(q_heads) * head_dim;
+  cuda::DeviceBuffer<cuda::bf16> out(out_size * steps);
+  gpu_test::poison(out);
+  cuda::check(cudaDeviceSynchronize(), "poison");  // the stream does not wait for the default one
+  cudaStream_t stream;
+  cuda::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  for (int step = 0; step < steps; ++step) {
+    const size_t row = static_cast<size_t>(step) * kv_heads * head_dim;
+    cuda::ragged_append(k_gpu.data() + row, v_gpu.data() + row, shape, cache, lengths.data(),
+                        stream);
+    cuda::ragged_decode(q_gpu.data(), cache, lengths.data(), shape, out.data() + step * out_size,
+                        workspace.data(), workspace.size(), stream, splits);
+  }
+  cuda::check(cudaStreamSynchronize(stream), "back-to-back steps");
+  cudaStreamDestroy(stream);
+  const auto all_out = gpu_test::download_bf16(out);
+  for (int step = 0; step < steps; ++step) {
+    for (int64_t c = 0; c < host.caches; ++c) {
+      const size_t at = (static_cast<size_t>(step) * kv_heads + c) * head_dim;
+      host.store(c, host.lengths[c]++, k_new.data() + at, v_new.data() + at);
+    }
+    const std::vector<float> expected = host.attend(q, shape);
+    float largest = 0.0f;
+    for (float value : expected) largest = std::max(largest, std::fabs(value));
+    const std::vector<float> got(all_out.begin() + step * out_size,
+                                 all_out.begin() + (step + 1) * out_size);
+    const auto difference = gpu_test::compare(got, expected);
+    const std::string what = std::to_string(splits) + " splits, step " + std::to_string(step);
+    ASSERT_EQ(difference.non_finite, 0) << what;
+    ASSERT_LE(difference.relative_l2, kMaxRelativeL2) << what;
+    ASSERT_LE(difference.max_abs_error, kMaxRelativeAbs * std::max(largest, 1e-30f)) << what;
+  }
+}
+
+TEST(CudaFp8KvCache, BackToBackStepsReadEachStepsAppend) {
+  ENTROPYINFER_REQUIRE_GPU();
+  run_back_to_back_steps(0, 1300);
+  run_back_to_back_steps(9, 1400);
+  run_back_to_back_steps(1, 1500);
 }
 
 TEST(CudaFp8KvCache, RefusesMismatchedStorage) {
