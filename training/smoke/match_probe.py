@@ -273,6 +273,7 @@ def run_probe(a, label=""):
     step = 0
     # Right answers and answers by needle count, and what elimination would get right, per window.
     by_needles = torch.zeros(2, a.max_needles + 1)
+    repeat_hits = [0, 0]  # right predictions and predictions on the repeated passages' second copy
     baseline_hits = 0.0
     accuracy = base = 0.0
     first_above = None
@@ -311,6 +312,10 @@ def run_probe(a, label=""):
         answer_needles = row_needles[answer_mask[repeats:].cpu()]
         by_needles[0] += torch.bincount(answer_needles, weights=right.float().cpu(), minlength=a.max_needles + 1)
         by_needles[1] += torch.bincount(answer_needles, minlength=a.max_needles + 1).float()
+        if repeats:
+            repeat_right = (logits.argmax(-1) == targets)[:repeats][answer_mask[:repeats]]
+            repeat_hits[0] += int(repeat_right.sum().item())
+            repeat_hits[1] += repeat_right.numel()
         baseline_hits += sum(elimination_hits(n, a.questions) for n in needles)
         if time.time() - last >= a.report_seconds:
             hits, count = by_needles.sum(dim=1).tolist()
@@ -320,9 +325,11 @@ def run_probe(a, label=""):
             print(f"{label}{time.time() - start:6.1f}s step {step:6d} lr {lr:.1e} answer loss "
                   f"{answer_loss.item():.3f} accuracy {accuracy:.3f} (elimination {base:.3f}; by needles "
                   + " ".join(f"{n}: {r / m:.2f}" for n, (r, m) in enumerate(by_needles.t().tolist()) if m)
-                  + ")", flush=True)
+                  + ")" + (f"; repeated passages {repeat_hits[0] / repeat_hits[1]:.3f}" if repeat_hits[1] else ""),
+                  flush=True)
             baseline_hits = 0.0
             by_needles.zero_()
+            repeat_hits = [0, 0]
             last = time.time()
     if pool:
         pool.terminate()
