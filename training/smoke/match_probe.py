@@ -166,13 +166,20 @@ class ReferenceLM(torch.nn.Module):
         return self.head(self.norm(x))
 
 
-def make_repeat_sample(rng, length, alphabet):
+def make_repeat_sample(rng, length, alphabet, varied):
     """A random passage over `alphabet` filler ids, then the same passage again: every id of the
     second copy is predictable by matching what came before it, and with a small alphabet only a
-    match on several ids is unambiguous (how induction heads form on repeated text)."""
-    half = (length - 1) // 2
+    match on several ids is unambiguous (how induction heads form on repeated text). `varied`
+    draws the passage's length (a quarter to half the row) and a lead of filler before it, so
+    that the copy lies at a different distance in every row and no fixed-offset head predicts it."""
+    if varied:
+        half = rng.randint(max(2, (length - 1) // 4), (length - 1) // 2)
+        lead = [FILLER[rng.randrange(alphabet)] for _ in range(rng.randint(0, length - 1 - 2 * half))]
+    else:
+        half, lead = (length - 1) // 2, []
     passage = [FILLER[rng.randrange(alphabet)] for _ in range(half)]
-    return [BOS] + passage + passage, list(range(1 + half + 1, 1 + 2 * half))
+    start = 1 + len(lead) + half
+    return [BOS] + lead + passage + passage, list(range(start + 1, start + half))
 
 
 def elimination_hits(needles, questions):
@@ -189,7 +196,7 @@ def make_batch(a, seed):
     repeats = round(a.batch * a.repeat_share)
     for row in range(a.batch):
         if row < repeats:
-            ids, answers = make_repeat_sample(rng, a.length, a.repeat_alphabet)
+            ids, answers = make_repeat_sample(rng, a.length, a.repeat_alphabet, a.repeat_varied)
         else:
             ids, answers, n = make_sample(rng, a.format, a.length, a.min_needles, a.max_needles, a.questions)
             needles.append(n)
@@ -231,6 +238,8 @@ def parse_args(argv=None):
     p.add_argument("--repeat-share", type=float, default=0.0,
                    help="share of the batch that is a repeated random passage (loss on its second copy)")
     p.add_argument("--repeat-alphabet", type=int, default=16, help="filler ids a repeated passage draws from")
+    p.add_argument("--repeat-varied", action="store_true",
+                   help="repeated passages of random length after a random lead (no fixed copy distance)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=1, help="CPU threads")
     p.add_argument("--workers", type=int, default=None,
