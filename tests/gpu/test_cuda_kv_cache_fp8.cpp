@@ -90,6 +90,22 @@ cuda::DeviceBuffer<T> upload(const std::vector<T>& values) {
   return buffer;
 }
 
+// The host caches' codes, scales and lengths on the GPU, and the view the kernels take.
+struct DeviceFp8Caches {
+  explicit DeviceFp8Caches(const HostFp8Caches& host)
+      : key_codes(upload(host.key_codes)),
+        value_codes(upload(host.value_codes)),
+        key_scales(upload(host.key_scales)),
+        value_scales(upload(host.value_scales)),
+        lengths(upload(std::vector<int32_t>(host.lengths.begin(), host.lengths.end()))) {}
+  cuda::Fp8KvCache view() {
+    return {key_codes.data(), value_codes.data(), key_scales.data(), value_scales.data()};
+  }
+  cuda::DeviceBuffer<uint8_t> key_codes, value_codes;
+  cuda::DeviceBuffer<float> key_scales, value_scales;
+  cuda::DeviceBuffer<int32_t> lengths;
+};
+
 // Rows of bf16 values whose magnitudes differ by up to 2^spread either way from row to row.
 std::vector<float> spread_rows(int64_t rows, int64_t head_dim, uint32_t seed, int spread = 8) {
   std::vector<float> values = gpu_test::random_bf16_values(rows * head_dim, seed);
@@ -209,12 +225,9 @@ void run_case(const Fp8Case& c, const std::vector<int>& splits, uint32_t seed,
       host.store(cache, row, keys.data() + at, values.data() + at);
     }
   }
-  auto key_codes = upload(host.key_codes), value_codes = upload(host.value_codes);
-  auto key_scales = upload(host.key_scales), value_scales = upload(host.value_scales);
-  const cuda::Fp8KvCache cache{key_codes.data(), value_codes.data(), key_scales.data(),
-                               value_scales.data()};
-  std::vector<int32_t> lengths32(host.lengths.begin(), host.lengths.end());
-  auto lengths = upload(lengths32);
+  DeviceFp8Caches device(host);
+  const cuda::Fp8KvCache cache = device.view();
+  auto& lengths = device.lengths;
 
   cuda::RaggedShape shape;
   shape.q_heads = c.q_heads;
@@ -240,8 +253,8 @@ void run_case(const Fp8Case& c, const std::vector<int>& splits, uint32_t seed,
                  v_new.data() + kv * c.head_dim);
     }
     cuda::check(cudaDeviceSynchronize(), "FP8 append");
-    EXPECT_EQ(gpu_test::download(key_codes), host.key_codes) << describe(c);
-    EXPECT_EQ(gpu_test::download(value_scales), host.value_scales) << describe(c);
+    EXPECT_EQ(gpu_test::download(device.key_codes), host.key_codes) << describe(c);
+    EXPECT_EQ(gpu_test::download(device.value_scales), host.value_scales) << describe(c);
     const auto appended = gpu_test::download(lengths);
     for (int64_t i = 0; i < host.caches; ++i) EXPECT_EQ(appended[i], host.lengths[i]);
   }
@@ -335,12 +348,9 @@ void run_back_to_back_steps(int requested_splits, uint32_t seed) {
     }
   }
   host.lengths = {30, 31, 32, 63, 64, 95, 223, 1000};
-  auto key_codes = upload(host.key_codes), value_codes = upload(host.value_codes);
-  auto key_scales = upload(host.key_scales), value_scales = upload(host.value_scales);
-  const cuda::Fp8KvCache cache{key_codes.data(), value_codes.data(), key_scales.data(),
-                               value_scales.data()};
-  std::vector<int32_t> lengths32(host.lengths.begin(), host.lengths.end());
-  auto lengths = upload(lengths32);
+  DeviceFp8Caches device(host);
+  const cuda::Fp8KvCache cache = device.view();
+  auto& lengths = device.lengths;
   cuda::RaggedShape shape;
   shape.q_heads = q_heads;
   shape.kv_heads = kv_heads;
