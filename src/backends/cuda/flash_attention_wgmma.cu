@@ -14,6 +14,7 @@
 #include <string>
 
 #include "backends/cuda/flash_attention_internal.cuh"
+#include "backends/cuda/wgmma_device.cuh"
 
 namespace entropyinfer::cuda::detail {
 namespace {
@@ -53,50 +54,6 @@ struct WgmmaLayout {
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of `rows` rows: head_dim / 64 column
-// blocks of [rows][128 bytes], chunk index XOR (row mod 8) inside each 1024-byte group of 8 rows.
-__device__ __forceinline__ uint32_t sw128_offset(int row, int chunk, int rows) {
-  return (chunk >> 3) * rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
-}
-
-// wgmma shared-memory matrix descriptor with the 128-byte swizzle.
-__device__ __forceinline__ uint64_t sw128_descriptor(uint32_t address, uint32_t leading_bytes,
-                                                     uint32_t stride_bytes) {
-  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) |
-         (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
-         (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// Makes this thread's ordinary shared-memory writes (cp.async included) visible to the tensor
-// cores.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-
-// Keeps the compiler from moving reads or writes of accumulator registers across the asynchronous
-// matrix instructions that own them until the wait.
-template <int kCount>
-__device__ __forceinline__ void fence_registers(float (&registers)[kCount]) {
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(registers[i])::"memory");
-}
 
 // D (64 x 128, fp32) = (scale_d ? D : 0) + A * B; A and B K-major bf16 in shared memory.
 __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a, uint64_t b,
@@ -163,16 +120,6 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float (&d)[32], const uint
         "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-
-template <int kCount>
-__device__ __forceinline__ void fence_fragments(uint32_t (&registers)[kCount][4]) {
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) {
-    asm volatile(""
-                 : "+r"(registers[i][0]), "+r"(registers[i][1]), "+r"(registers[i][2]),
-                   "+r"(registers[i][3])::"memory");
-  }
 }
 
 // Both warpgroups' "full" barriers of a stage: 128 producer threads and one warpgroup each.
