@@ -1,7 +1,8 @@
 // Attention kernels at long lengths: causal prefill TFLOP/s of each in-house kernel (FLOPs counted
 // as 4 * n^2 * head_dim * q_heads / 2, the causal half, as for the torch SDPA reference), and
 // split-KV decode of one token over an n-token cache (bf16, and the FP8 cache) in GB/s of K/V
-// read, next to the device copy bandwidth.
+// read, next to the device copy bandwidth. "fp8" is flash_prefill_fp8 over keys staged once
+// (stage_fp8_keys, timed on its own: a prefill stages each layer once).
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -19,7 +20,7 @@ namespace entropyinfer::bench {
 int run_attention_bench(int argc, char** argv) {
   AttentionBenchShape dims({8192, 32768, 131072});
   std::string json_path;
-  std::string kernel_names = "wgmma,wgmma_simple,mma";
+  std::string kernel_names = "wgmma,wgmma_simple,mma,fp8";
   for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {
     if (dims.take_flag(flag, value)) return true;
     if (flag == "--kernels") {
@@ -66,6 +67,40 @@ int run_attention_bench(int argc, char** argv) {
                                    {"tflops", tflops}});
       std::cout << "prefill " << name << " n=" << n << ": " << timing.median_ms << " ms, " << tflops
                 << " TFLOP/s (" << timing.runs << " runs)\n";
+    }
+
+    if (listed.find(",fp8,") != std::string::npos && cuda::fp8_attention_available() &&
+        dims.head_dim == 128) {
+      cuda::DeviceBuffer<uint8_t> codes(cuda::fp8_staged_code_bytes(dims.kv_heads, 128, n));
+      cuda::DeviceBuffer<float> amax(static_cast<size_t>(2 * dims.kv_heads));
+      cuda::Fp8StagedKeys staged;
+      staged.kv_heads = dims.kv_heads;
+      staged.stride = cuda::fp8_staged_stride(n);
+      staged.keys = codes.data();
+      staged.values = codes.data() + staged.kv_heads * staged.stride * 128;
+      staged.amax = amax.data();
+      const Timing staging = time_runs(
+          [&] {
+            cuda::stage_fp8_keys(inputs.k.data(), inputs.v.data(), n, 128, n, staged, stream);
+          },
+          stream);
+      const Timing timing = time_runs(
+          [&] {
+            cuda::flash_prefill_fp8(inputs.q.data(), staged, inputs.shape, inputs.out.data(),
+                                    stream);
+          },
+          stream);
+      const double tflops = flops / (timing.median_ms * 1e-3) / 1e12;
+      report["prefill"].push_back({{"kernel", "fp8"},
+                                   {"tokens", n},
+                                   {"median_ms", timing.median_ms},
+                                   {"min_ms", timing.min_ms},
+                                   {"runs", timing.runs},
+                                   {"tflops", tflops},
+                                   {"staging_median_ms", staging.median_ms}});
+      std::cout << "prefill fp8 n=" << n << ": " << timing.median_ms << " ms, " << tflops
+                << " TFLOP/s (" << timing.runs << " runs), staging " << staging.median_ms
+                << " ms\n";
     }
 
     // Decode: the last position queries the whole cache.

@@ -1,0 +1,546 @@
+// FP8 causal prefill on Hopper (flash_prefill_fp8): the pipeline of flash_attention_wgmma.cu (two
+// consumer warpgroups of 64 packed query rows, a producer warpgroup streaming 128-key tiles
+// through three shared-memory stages, ping-pong between the consumers) with E4M3 operands:
+// wgmma m64n128k32 for S = Q K^T from shared memory, and for O += P V with P from registers and
+// the transposed values from shared memory. Each tile row is 128 bytes (head_dim 128), one
+// 128-byte swizzle atom, so every operand tile has one layout and one descriptor form.
+#include <cmath>
+#include <string>
+
+#include "backends/cuda/flash_attention.h"
+#include "backends/cuda/flash_attention_internal.cuh"
+#include "backends/cuda/fp8_device.cuh"
+#include "backends/cuda/wgmma_device.cuh"
+
+namespace entropyinfer::cuda {
+namespace detail {
+namespace {
+
+constexpr int kHeadDim = 128;
+constexpr int kBlockM = 128;   // packed query rows per CTA
+constexpr int kBlockN = 128;   // keys per tile
+constexpr int kKeyGroup = 32;  // keys of one k32 step of P V, permuted together in staging
+constexpr int kConsumerThreads = 256;
+constexpr int kProducerThreads = 128;
+constexpr int kThreads = kConsumerThreads + kProducerThreads;
+constexpr int kProducerRegisters = 40;
+constexpr int kConsumerRegisters = 232;
+constexpr int kStages = 3;
+constexpr int kTileBytes = kBlockN * kHeadDim;  // one byte per code
+constexpr int kQBytes = kBlockM * kHeadDim;
+constexpr int kStageBytes = 2 * kTileBytes;  // K tile, then the transposed V tile
+constexpr int kScalesBytes = kBlockM * 4;    // each query row's scale
+constexpr int kSharedBytes = kQBytes + kStages * kStageBytes + kScalesBytes + 1024;
+// Named barriers as in the bf16 kernel: full (per stage and warpgroup), empty (per stage), query
+// (per warpgroup), schedule (per warpgroup).
+constexpr int kFullBarrier = 1;
+constexpr int kEmptyBarrier = 1 + 2 * kStages;
+constexpr int kQueryBarrier = 1 + 3 * kStages;
+constexpr int kScheduleBarrier = 3 + 3 * kStages;
+static_assert(kScheduleBarrier + 1 < 16, "a CTA has 16 named barriers");
+
+// The key a staged value column holds: within each group of 32, A-operand column c of an 8-bit
+// wgmma fragment (thread t of a quad holds columns 4t .. 4t+3 and 16 + 4t .. 16 + 4t+3) is the key
+// whose score that thread holds in the same place of its fp32 accumulator (columns 2t, 2t+1 of
+// each 8-key tile), so the scores pack into P without moving between threads.
+__host__ __device__ __forceinline__ int staged_key_of_column(int c) {
+  const int half = c >> 4, quad_thread = (c >> 2) & 3, i = c & 3;
+  return 16 * half + 2 * quad_thread + (i & 1) + 8 * (i >> 1);
+}
+
+__device__ __forceinline__ float scale_of(float amax) { return fp8::row_scale(amax); }
+
+struct Fp8FlashParams {
+  const bf16* q = nullptr;
+  const uint8_t* k = nullptr;
+  const uint8_t* vt = nullptr;
+  const float* amax = nullptr;
+  bf16* out = nullptr;
+  int64_t q_token_stride = 0;
+  int64_t out_token_stride = 0;
+  int64_t stride = 0;
+  int kv_heads = 0;
+  int group = 0;
+  int rows = 0;
+  int first_position = 0;
+  float scale_log2 = 0.0f;
+};
+
+// Largest |key| and |value| per KV head: each thread reduces 8 consecutive elements of both.
+__global__ void staged_amax_kernel(const bf16* keys, const bf16* values, int64_t cache_stride,
+                                   int64_t count, int kv_heads, float* amax) {
+  const int head = blockIdx.y;
+  const int64_t index = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+  float key_max = 0.0f, value_max = 0.0f;
+  if (index < count) {
+    const int64_t offset = static_cast<int64_t>(head) * cache_stride * kHeadDim + index;
+    const uint4 k = *reinterpret_cast<const uint4*>(keys + offset);
+    const uint4 v = *reinterpret_cast<const uint4*>(values + offset);
+    const bf16* k8 = reinterpret_cast<const bf16*>(&k);
+    const bf16* v8 = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      key_max = fmaxf(key_max, fabsf(__bfloat162float(k8[i])));
+      value_max = fmaxf(value_max, fabsf(__bfloat162float(v8[i])));
+    }
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    key_max = fmaxf(key_max, __shfl_xor_sync(0xffffffffu, key_max, offset));
+    value_max = fmaxf(value_max, __shfl_xor_sync(0xffffffffu, value_max, offset));
+  }
+  // Non-negative floats order as their bit patterns do.
+  if (threadIdx.x % 32 == 0) {
+    atomicMax(reinterpret_cast<int*>(amax) + head, __float_as_int(key_max));
+    atomicMax(reinterpret_cast<int*>(amax) + kv_heads + head, __float_as_int(value_max));
+  }
+}
+
+// One group of 32 keys of one KV head per block, one head-dim column per thread: the keys' codes
+// row by row, the values' codes transposed and permuted (staged_key_of_column). Keys past `keys`
+// stage as zeros.
+__global__ void stage_fp8_keys_kernel(const bf16* keys, const bf16* values, int64_t cache_stride,
+                                      int64_t count, Fp8StagedKeys staged) {
+  const int head = blockIdx.y;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kKeyGroup;
+  const int d = threadIdx.x;
+  const float key_scale = scale_of(staged.amax[head]);
+  const float value_scale = scale_of(staged.amax[staged.kv_heads + head]);
+  const bf16* key_rows = keys + static_cast<int64_t>(head) * cache_stride * kHeadDim;
+  const bf16* value_rows = values + static_cast<int64_t>(head) * cache_stride * kHeadDim;
+  uint8_t* key_codes = staged.keys + static_cast<int64_t>(head) * staged.stride * kHeadDim;
+  for (int r = 0; r < kKeyGroup; ++r) {
+    const int64_t key = first + r;
+    const float x = key < count ? __bfloat162float(key_rows[key * kHeadDim + d]) : 0.0f;
+    key_codes[key * kHeadDim + d] = fp8::to_e4m3(__fdiv_rn(x, key_scale));
+  }
+  uint32_t words[kKeyGroup / 4];
+#pragma unroll
+  for (int w = 0; w < kKeyGroup / 4; ++w) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t key = first + staged_key_of_column(4 * w + i);
+      const float x = key < count ? __bfloat162float(value_rows[key * kHeadDim + d]) : 0.0f;
+      word |= static_cast<uint32_t>(fp8::to_e4m3(__fdiv_rn(x, value_scale))) << (8 * i);
+    }
+    words[w] = word;
+  }
+  uint4* out = reinterpret_cast<uint4*>(
+      staged.values + (static_cast<int64_t>(head) * kHeadDim + d) * staged.stride + first);
+  out[0] = make_uint4(words[0], words[1], words[2], words[3]);
+  out[1] = make_uint4(words[4], words[5], words[6], words[7]);
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Four codes, `a` in the lowest byte (cvt puts its first source in the upper byte of a pair).
+__device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d) {
+  uint16_t low, high;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(low) : "f"(b), "f"(a));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(high) : "f"(d), "f"(c));
+  return static_cast<uint32_t>(low) | (static_cast<uint32_t>(high) << 16);
+}
+
+// D (64 x 128, fp32) = (scale_d ? D : 0) + A * B; A and B K-major E4M3 in shared memory.
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3_ss(float (&d)[64], uint64_t a, uint64_t b,
+                                                         int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+
+// D (64 x 128, fp32) += A * B; A E4M3 in registers (per warp the m16n8k32 8-bit A layout), B
+// K-major E4M3 in shared memory.
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3_rs(float (&d)[64], const uint32_t (&a)[4],
+                                                         uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+__device__ __forceinline__ void hand_over_stage(int stage) {
+  named_barrier_arrive(kFullBarrier + 2 * stage, kProducerThreads + 128);
+  named_barrier_arrive(kFullBarrier + 2 * stage + 1, kProducerThreads + 128);
+}
+
+// Staged rows are padded with zeros to a multiple of the tile, so every copy is whole.
+__device__ __forceinline__ void producer_loop(const Fp8FlashParams& p, uint32_t stage_tiles,
+                                              int kv_head, int blocks) {
+  constexpr int kChunks = kHeadDim / 16;                    // 16-byte chunks of a row
+  constexpr int kRowsPerPass = kProducerThreads / kChunks;  // 16
+  const int producer = threadIdx.x - kConsumerThreads;
+  const int lane_row = producer / kChunks, chunk = producer % kChunks;
+  const uint8_t* k_thread =
+      p.k + (static_cast<int64_t>(kv_head) * p.stride + lane_row) * kHeadDim + chunk * 16;
+  const uint8_t* v_thread =
+      p.vt + (static_cast<int64_t>(kv_head) * kHeadDim + lane_row) * p.stride + chunk * 16;
+  const uint32_t thread_offset = lane_row * 128 + ((chunk ^ (lane_row & 7)) << 4);
+  for (int block = 0; block < blocks; ++block) {
+    const int stage = block % kStages;
+    if (block >= kStages) named_barrier_sync(kEmptyBarrier + stage, kThreads);
+    const uint32_t k_tile = stage_tiles + stage * kStageBytes + thread_offset;
+    const uint32_t v_tile = k_tile + kTileBytes;
+    const int64_t key0 = static_cast<int64_t>(block) * kBlockN;
+#pragma unroll 4
+    for (int pass = 0; pass < kBlockN / kRowsPerPass; ++pass) {
+      const uint32_t offset = pass * kRowsPerPass * 128;
+      cp_async_16(k_tile + offset, k_thread + (key0 + pass * kRowsPerPass) * kHeadDim, 16);
+      cp_async_16(v_tile + offset, v_thread + pass * kRowsPerPass * p.stride + key0, 16);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();
+    hand_over_stage(stage);
+  }
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+__global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8FlashParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kTilesN = kBlockN / 8;
+  constexpr int kTilesD = kHeadDim / 8;
+  extern __shared__ __align__(1024) uint8_t shared_raw[];
+  const uint32_t base = shared_address(shared_raw);
+  const uint32_t q_tile = (base + 1023u) & ~1023u;
+  const uint32_t stage_tiles = q_tile + kQBytes;
+  float* q_scales =
+      reinterpret_cast<float*>(shared_raw + (stage_tiles + kStages * kStageBytes - base));
+
+  const int2 origin = prefill_tile_origin<false>(p.kv_heads, kBlockM);
+  const int kv_head = origin.x, row0 = origin.y;
+  const int group = p.group;
+  const int last_row = min(row0 + kBlockM, p.rows) - 1;
+  const int min_position = p.first_position + row0 / group;
+  const int max_position = p.first_position + last_row / group;
+  const int blocks = (max_position + kBlockN) / kBlockN;
+
+  if (threadIdx.x >= kConsumerThreads) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    producer_loop(p, stage_tiles, kv_head, blocks);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+
+  const int warpgroup = threadIdx.x / 128;
+  const int thread_in_group = threadIdx.x % 128;
+  const int warp_in_group = thread_in_group / 32;
+  const int lane = threadIdx.x % 32, t = lane % 4;
+
+  // Q: two threads per row, 64 elements each, quantized with the row's scale into the swizzled
+  // tile; the scale goes to shared memory for the softmax.
+  {
+    const int r = warpgroup * 64 + thread_in_group / 2, half = thread_in_group % 2;
+    const int row = row0 + r;
+    float x[64];
+    if (row < p.rows) {
+      const uint4* source = reinterpret_cast<const uint4*>(
+          p.q + packed_row_offset(row, group, kv_head, p.q_token_stride, kHeadDim) + half * 64);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint4 u = source[i];
+        const bf16* e = reinterpret_cast<const bf16*>(&u);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[8 * i + j] = __bfloat162float(e[j]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) x[i] = 0.0f;
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) amax = fmaxf(amax, fabsf(x[i]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    const float scale = scale_of(amax);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      uint32_t w[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float* v = x + 16 * c + 4 * i;
+        w[i] = pack_e4m3x4(__fdiv_rn(v[0], scale), __fdiv_rn(v[1], scale), __fdiv_rn(v[2], scale),
+                           __fdiv_rn(v[3], scale));
+      }
+      const uint32_t address = q_tile + sw128_offset(r, half * 4 + c, kBlockM);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(w[0]),
+                   "r"(w[1]), "r"(w[2]), "r"(w[3])
+                   : "memory");
+    }
+    if (half == 0) q_scales[r] = scale;
+  }
+  fence_proxy_async();
+  named_barrier_sync(kQueryBarrier + warpgroup, 128);
+
+  const int local_a = warpgroup * 64 + warp_in_group * 16 + lane / 4;
+  const int row_a = row0 + local_a, row_b = row_a + 8;
+  const int position_a = p.first_position + row_a / group;
+  const int position_b = p.first_position + row_b / group;
+  const uint32_t q_rows = q_tile + warpgroup * 64 * 128;
+  const float key_scale = scale_of(p.amax[kv_head]);
+  const float value_scale = scale_of(p.amax[p.kv_heads + kv_head]);
+  // Each row's softmax scale with its dequantization folded in.
+  const float scale_a = p.scale_log2 * key_scale * q_scales[local_a];
+  const float scale_b = p.scale_log2 * key_scale * q_scales[local_a + 8];
+
+  float o[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+  float s[kBlockN / 2];
+  uint32_t pa[kBlockN / 32][4];
+  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
+  float rescale_a = 1.0f, rescale_b = 1.0f;
+
+  auto issue_scores = [&](int block) {
+    const uint32_t k_tile = stage_tiles + (block % kStages) * kStageBytes;
+    named_barrier_sync(kFullBarrier + 2 * (block % kStages) + warpgroup, kProducerThreads + 128);
+    fence_registers(s);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 32; ++kk) {
+      const uint64_t a = sw128_descriptor(q_rows + kk * 32, 16, 1024);
+      const uint64_t b = sw128_descriptor(k_tile + kk * 32, 16, 1024);
+      wgmma_m64n128k32_e4m3_ss(s, a, b, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+  };
+  auto issue_values = [&](int block) {
+    const uint32_t v_tile = stage_tiles + (block % kStages) * kStageBytes + kTileBytes;
+    fence_registers(o);
+    fence_fragments(pa);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 32; ++kk) {
+      wgmma_m64n128k32_e4m3_rs(o, pa[kk], sw128_descriptor(v_tile + kk * 32, 16, 1024));
+    }
+    wgmma_commit();
+  };
+  auto release = [&](int block) {
+    if (block + kStages < blocks) named_barrier_arrive(kEmptyBarrier + block % kStages, kThreads);
+  };
+  // The bf16 kernel's online softmax with per-row scales; the weights come out 256 times too large
+  // (exponents shifted by 8), and so do the sums, so that P's E4M3 codes stay normal.
+  auto softmax = [&](int block) {
+    if ((block + 1) * kBlockN - 1 > min_position) {
+#pragma unroll
+      for (int j = 0; j < kTilesN; ++j) {
+        const int key = block * kBlockN + 8 * j + 2 * t;
+        if (key > position_a) s[4 * j] = -INFINITY;
+        if (key + 1 > position_a) s[4 * j + 1] = -INFINITY;
+        if (key > position_b) s[4 * j + 2] = -INFINITY;
+        if (key + 1 > position_b) s[4 * j + 3] = -INFINITY;
+      }
+    }
+    float block_max_a = -INFINITY, block_max_b = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+      block_max_a = fmaxf(block_max_a, fmaxf(s[4 * j], s[4 * j + 1]));
+      block_max_b = fmaxf(block_max_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    }
+    const float new_max_a = fmaxf(max_a, quad_max(block_max_a) * scale_a);
+    const float new_max_b = fmaxf(max_b, quad_max(block_max_b) * scale_b);
+    const float reference_a = new_max_a == -INFINITY ? 0.0f : new_max_a;
+    const float reference_b = new_max_b == -INFINITY ? 0.0f : new_max_b;
+    rescale_a = fast_exp2(max_a - reference_a);
+    rescale_b = fast_exp2(max_b - reference_b);
+    max_a = new_max_a;
+    max_b = new_max_b;
+    const float shifted_a = 8.0f - reference_a, shifted_b = 8.0f - reference_b;
+    float block_sum_a = 0.0f, block_sum_b = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+      s[4 * j] = fast_exp2(fmaf(s[4 * j], scale_a, shifted_a));
+      s[4 * j + 1] = fast_exp2(fmaf(s[4 * j + 1], scale_a, shifted_a));
+      s[4 * j + 2] = fast_exp2(fmaf(s[4 * j + 2], scale_b, shifted_b));
+      s[4 * j + 3] = fast_exp2(fmaf(s[4 * j + 3], scale_b, shifted_b));
+      block_sum_a += s[4 * j] + s[4 * j + 1];
+      block_sum_b += s[4 * j + 2] + s[4 * j + 3];
+    }
+    sum_a = sum_a * rescale_a + block_sum_a;
+    sum_b = sum_b * rescale_b + block_sum_b;
+  };
+  // Rescale O, and pack S into P's A fragments: per 32 keys, a thread's scores of keys 2t, 2t+1,
+  // 8+2t, 9+2t (and 16 more) are A columns 4t .. 4t+3 (and 16 more), the staged values' order.
+  auto rescale_and_pack = [&] {
+#pragma unroll
+    for (int i = 0; i < kTilesD; ++i) {
+      o[4 * i] *= rescale_a;
+      o[4 * i + 1] *= rescale_a;
+      o[4 * i + 2] *= rescale_b;
+      o[4 * i + 3] *= rescale_b;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 32; ++kk) {
+      const float* v = s + 16 * kk;
+      pa[kk][0] = pack_e4m3x4(v[0], v[1], v[4], v[5]);
+      pa[kk][1] = pack_e4m3x4(v[2], v[3], v[6], v[7]);
+      pa[kk][2] = pack_e4m3x4(v[8], v[9], v[12], v[13]);
+      pa[kk][3] = pack_e4m3x4(v[10], v[11], v[14], v[15]);
+    }
+  };
+
+  auto take_turn = [&] { named_barrier_sync(kScheduleBarrier + warpgroup, 256); };
+  auto end_turn = [&] { named_barrier_arrive(kScheduleBarrier + 1 - warpgroup, 256); };
+  if (warpgroup == 1) end_turn();
+  take_turn();
+  issue_scores(0);
+  end_turn();
+  wgmma_wait<0>();
+  fence_registers(s);
+  softmax(0);
+  rescale_and_pack();
+  for (int block = 1; block < blocks; ++block) {
+    take_turn();
+    issue_scores(block);
+    issue_values(block - 1);
+    end_turn();
+    wgmma_wait<1>();
+    fence_registers(s);
+    softmax(block);
+    wgmma_wait<0>();
+    fence_registers(o);
+    fence_fragments(pa);
+    release(block - 1);
+    rescale_and_pack();
+  }
+  take_turn();
+  issue_values(blocks - 1);
+  if (warpgroup == 0) end_turn();
+  wgmma_wait<0>();
+  fence_registers(o);
+  fence_fragments(pa);
+
+  float inverse_a, inverse_b;
+  finish_row_sums(sum_a, sum_b, inverse_a, inverse_b);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = half == 0 ? row_a : row_b;
+    if (row >= p.rows) continue;
+    const float factor = (half == 0 ? inverse_a : inverse_b) * value_scale;
+    bf16* out = p.out + packed_row_offset(row, group, kv_head, p.out_token_stride, kHeadDim);
+#pragma unroll
+    for (int i = 0; i < kTilesD; ++i) {
+      *reinterpret_cast<uint32_t*>(out + 8 * i + 2 * t) =
+          pack_bf16(o[4 * i + 2 * half] * factor, o[4 * i + 2 * half + 1] * factor);
+    }
+  }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+}  // namespace
+}  // namespace detail
+
+int64_t fp8_staged_stride(int64_t keys) {
+  return (keys + detail::kBlockN - 1) / detail::kBlockN * detail::kBlockN;
+}
+
+size_t fp8_staged_code_bytes(int64_t kv_heads, int64_t head_dim, int64_t keys) {
+  return static_cast<size_t>(2 * kv_heads * head_dim * fp8_staged_stride(keys));
+}
+
+bool fp8_attention_available() { return wgmma_attention_available(); }
+
+void stage_fp8_keys(const bf16* key_cache, const bf16* value_cache, int64_t cache_stride,
+                    int64_t head_dim, int64_t keys, const Fp8StagedKeys& staged,
+                    cudaStream_t stream) {
+  const std::string prefix = "FP8 attention staging: ";
+  if (head_dim != detail::kHeadDim)
+    throw Error(prefix + "head_dim " + std::to_string(head_dim) + " (only 128 is supported)");
+  if (keys <= 0 || keys > cache_stride || staged.stride < fp8_staged_stride(keys) ||
+      staged.stride % detail::kBlockN != 0 || staged.kv_heads <= 0) {
+    throw Error(prefix + std::to_string(keys) + " keys do not fit cache stride " +
+                std::to_string(cache_stride) + " and staged stride " +
+                std::to_string(staged.stride));
+  }
+  check(cudaMemsetAsync(staged.amax, 0, sizeof(float) * 2 * staged.kv_heads, stream),
+        "FP8 staging amax");
+  const int64_t count = keys * head_dim;
+  const int threads = 256;
+  const dim3 amax_grid(static_cast<unsigned>((count / 8 + threads - 1) / threads),
+                       static_cast<unsigned>(staged.kv_heads));
+  detail::staged_amax_kernel<<<amax_grid, threads, 0, stream>>>(
+      key_cache, value_cache, cache_stride, count, static_cast<int>(staged.kv_heads), staged.amax);
+  check_launch("staged_amax_kernel");
+  const dim3 grid(static_cast<unsigned>(staged.stride / detail::kKeyGroup),
+                  static_cast<unsigned>(staged.kv_heads));
+  detail::stage_fp8_keys_kernel<<<grid, detail::kHeadDim, 0, stream>>>(key_cache, value_cache,
+                                                                       cache_stride, keys, staged);
+  check_launch("stage_fp8_keys_kernel");
+}
+
+void flash_prefill_fp8(const bf16* q, const Fp8StagedKeys& staged, const FlashShape& shape,
+                       bf16* out, cudaStream_t stream) {
+  const std::string prefix = "FP8 attention: ";
+  if (!fp8_attention_available()) throw Error(prefix + "needs a Hopper GPU and a build for sm_90a");
+  if (shape.head_dim != detail::kHeadDim)
+    throw Error(prefix + "head_dim " + std::to_string(shape.head_dim) + " (only 128 is supported)");
+  if (shape.kv_heads <= 0 || shape.q_heads % shape.kv_heads != 0 ||
+      shape.kv_heads != staged.kv_heads) {
+    throw Error(prefix + std::to_string(shape.q_heads) + " query heads over " +
+                std::to_string(shape.kv_heads) +
+                " KV heads (staged: " + std::to_string(staged.kv_heads) + ")");
+  }
+  if (shape.device_position != nullptr) throw Error(prefix + "runs prompt queries only");
+  if (shape.first_position + shape.tokens > staged.stride)
+    throw Error(prefix + "queries see keys past the staged " + std::to_string(staged.stride));
+  if (shape.tokens == 0) return;
+  detail::Fp8FlashParams p;
+  p.q = q;
+  p.k = staged.keys;
+  p.vt = staged.values;
+  p.amax = staged.amax;
+  p.out = out;
+  p.q_token_stride = shape.q_token_stride != 0 ? shape.q_token_stride : shape.q_heads * 128;
+  p.out_token_stride = shape.out_token_stride != 0 ? shape.out_token_stride : shape.q_heads * 128;
+  p.stride = staged.stride;
+  p.kv_heads = static_cast<int>(shape.kv_heads);
+  p.group = static_cast<int>(shape.q_heads / shape.kv_heads);
+  p.rows = static_cast<int>(shape.tokens * p.group);
+  p.first_position = static_cast<int>(shape.first_position);
+  const float scale = shape.scale != 0.0f ? shape.scale : 1.0f / std::sqrt(128.0f);
+  p.scale_log2 = scale * 1.4426950408889634f;
+  static const bool configured = [] {
+    check(cudaFuncSetAttribute(detail::flash_fp8_kernel,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, detail::kSharedBytes),
+          "cudaFuncSetAttribute(flash_fp8_kernel)");
+    return true;
+  }();
+  (void)configured;
+  const int64_t row_blocks = (static_cast<int64_t>(p.rows) + detail::kBlockM - 1) / detail::kBlockM;
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(shape.kv_heads));
+  detail::flash_fp8_kernel<<<grid, detail::kThreads, detail::kSharedBytes, stream>>>(p);
+  check_launch("flash_fp8_kernel");
+}
+
+}  // namespace entropyinfer::cuda
