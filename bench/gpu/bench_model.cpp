@@ -12,6 +12,7 @@
 #include <string>
 
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/flash_attention.h"
 #include "bench_common.h"
 #include "engine/cuda/cuda_transformer.h"
 #include "kernel_trace.h"
@@ -24,7 +25,7 @@ int run_model_bench(int argc, char** argv) {
   std::vector<int64_t> prefill_lengths = {16384, 32768, 65536, 131072};
   std::vector<int64_t> decode_contexts = {32768, 131072};
   int decode_tokens = 32, chunk_tokens = 16384;
-  std::string kernel_trace_path;
+  std::string kernel_trace_path, prefill_attention;  // prefill_attention empty: as the cache
   bool fp8 = false, fp8_cache = false;
   for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {
     if (flag == "--shape") {
@@ -43,6 +44,10 @@ int run_model_bench(int argc, char** argv) {
     } else if (flag == "--kv-cache") {
       if (value != "fp8" && value != "bf16") throw std::invalid_argument("--kv-cache: bf16 or fp8");
       fp8_cache = value == "fp8";
+    } else if (flag == "--prefill-attention") {
+      if (value != "fp8" && value != "bf16")
+        throw std::invalid_argument("--prefill-attention: bf16 or fp8");
+      prefill_attention = value;
     } else if (flag == "--json") {
       json_path = value;
     } else if (flag == "--kernel-trace") {
@@ -67,12 +72,17 @@ int run_model_bench(int argc, char** argv) {
   options.chunk_tokens = chunk_tokens;
   options.fp8_weights = fp8;
   options.fp8_kv_cache = fp8_cache;
+  using PromptAttention = cuda::CudaModelOptions::PromptAttention;
+  options.prompt_attention = prefill_attention.empty()    ? PromptAttention::kAuto
+                             : prefill_attention == "fp8" ? PromptAttention::kFp8
+                                                          : PromptAttention::kBf16;
   report["weights"] = fp8 ? "fp8" : "bf16";
   report["kv_cache"] = fp8_cache ? "fp8" : "bf16";
   const auto load_start = std::chrono::steady_clock::now();
   cuda::CudaTransformer model(config, 1234, options);
   report["load_seconds"] = seconds_since(load_start);
   report["memory_plan"] = model.memory_plan().describe();
+  report["prompt_attention"] = model.memory_plan().fp8_prompt_attention ? "fp8" : "bf16";
   std::cout << "model " << shape << ": " << model.memory_plan().describe() << ", copy bandwidth "
             << copy_gbps << " GB/s\n";
 

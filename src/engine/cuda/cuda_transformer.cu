@@ -101,6 +101,14 @@ int64_t layer_major_chunk(int64_t chunk, int segment_size, int block_size) {
   return chunk;
 }
 
+// Whether prompt attention runs in FP8 (CudaModelOptions::prompt_attention).
+bool fp8_attention_runs(const ModelConfig& config, const CudaModelOptions& options) {
+  using PromptAttention = CudaModelOptions::PromptAttention;
+  const bool asked = options.prompt_attention == PromptAttention::kFp8 ||
+                     (options.prompt_attention == PromptAttention::kAuto && options.fp8_kv_cache);
+  return asked && config.head_dim == 128 && fp8_attention_available();
+}
+
 // An upper bound on one layer's compressed cache rows (all cache heads, decode room included), for
 // the memory plan: every head is allocated at the longest head's length.
 int64_t compressed_rows_bound(const ModelConfig& config, DecodeMethod method,
@@ -224,7 +232,7 @@ class StageTimes {
 std::string GpuMemoryPlan::describe() const {
   return gib(total()) + " (weights " + gib(weights) + (fp8_weights ? " with FP8 projections" : "") +
          ", KV cache " + gib(kv_cache) + (fp8_kv_cache ? " in FP8" : "") + ", activations " +
-         gib(activations) + ")";
+         gib(activations) + ")" + (fp8_prompt_attention ? ", prompt attention in FP8" : "");
 }
 
 // The widest input an FP8 product quantizes.
@@ -279,6 +287,12 @@ GpuMemoryPlan CudaTransformer::plan(const ModelConfig& config, const CudaModelOp
     plan.fp8_kv_cache = true;
   } else {
     plan.kv_cache = sizeof(bf16) * 2 * static_cast<size_t>(config.num_layers) * w.kv * context;
+  }
+  if (fp8_attention_runs(config, options)) {
+    plan.fp8_prompt_attention = true;
+    // One layer's keys and values staged as codes, and their scales.
+    plan.activations += fp8_staged_code_bytes(config.num_kv_heads, config.head_dim, context) +
+                        sizeof(float) * 2 * config.num_kv_heads;
   }
   const int64_t bf16_row =
       2 * w.hidden + w.qkv + w.q + 3 * w.intermediate;  // normed, qkv, attn, gate|up, act
@@ -482,6 +496,14 @@ struct CudaTransformer::State {
   // CudaModelOptions::fp8_kv_cache: the layers' caches are FP8 and scratch_keys / scratch_values
   // are the staging slabs that prompt attention and the estimate read.
   bool fp8_cache = false;
+  // CudaModelOptions::prompt_attention in FP8, where it runs: a layer's keys and values are staged
+  // as codes before its prompt attention (fp8_staged_layer: the layer of the layer-major pass
+  // whose whole prompt is staged, or -1).
+  bool fp8_attention = false;
+  DeviceBuffer<uint8_t> fp8_staged_codes;
+  DeviceBuffer<float> fp8_staged_amax;
+  Fp8StagedKeys fp8_staged;
+  int fp8_staged_layer = -1;
   const bf16* head() const { return config.tied_embeddings ? embedding.data() : lm_head.data(); }
 
   void allocate(const ModelConfig& c, const CudaModelOptions& options) {
@@ -533,6 +555,16 @@ struct CudaTransformer::State {
     if (fp8_cache) {
       scratch_keys.allocate(static_cast<size_t>(w.kv) * context);
       scratch_values.allocate(static_cast<size_t>(w.kv) * context);
+    }
+    fp8_attention = fp8_attention_runs(c, options);
+    if (fp8_attention) {
+      fp8_staged_codes.allocate(fp8_staged_code_bytes(c.num_kv_heads, c.head_dim, context));
+      fp8_staged_amax.allocate(static_cast<size_t>(2 * c.num_kv_heads));
+      fp8_staged.kv_heads = c.num_kv_heads;
+      fp8_staged.stride = fp8_staged_stride(context);
+      fp8_staged.keys = fp8_staged_codes.data();
+      fp8_staged.values = fp8_staged_codes.data() + fp8_staged.kv_heads * fp8_staged.stride * 128;
+      fp8_staged.amax = fp8_staged_amax.data();
     }
     embedding.allocate(static_cast<size_t>(w.vocab * w.hidden));
     if (!c.tied_embeddings) lm_head.allocate(static_cast<size_t>(w.vocab * w.hidden));
@@ -1030,6 +1062,11 @@ struct CudaTransformer::State {
         if (m == 1) {
           flash_decode(q, cache_keys, cache_values, shape, attn_out.data(), decode_workspace.data(),
                        decode_workspace.size(), stream);
+        } else if (fp8_attention) {
+          stage_fp8_keys(cache_keys, cache_values, context, w.head_dim, first + m, fp8_staged,
+                         stream);
+          fp8_staged_layer = -1;
+          flash_prefill_fp8(q, fp8_staged, shape, attn_out.data(), stream);
         } else {
           flash_prefill(q, cache_keys, cache_values, shape, attn_out.data(), stream);
         }
@@ -1433,6 +1470,13 @@ struct CudaTransformer::State {
       }
     }
     store_fp8_rows(index, n);
+    fp8_staged_layer = -1;
+    if (fp8_attention && !estimator) {
+      const auto timed = stages.scope(Stage::kCacheWrites, stream);
+      stage_fp8_keys(pass_keys(index), pass_values(index), context, w.head_dim, n, fp8_staged,
+                     stream);
+      fp8_staged_layer = index;
+    }
     return false;
   }
 
@@ -1476,6 +1520,9 @@ struct CudaTransformer::State {
       }
       flash_prefill_block_sparse(q, pass_keys(index), pass_values(index), shape, pass.plan, out,
                                  stream, FlashKernel::kAuto, key_counters.data());
+    } else if (fp8_staged_layer == index) {
+      pass.host_keys += keys;
+      flash_prefill_fp8(q, fp8_staged, shape, out, stream);
     } else {
       pass.host_keys += keys;
       flash_prefill(q, pass_keys(index), pass_values(index), shape, out, stream);

@@ -61,6 +61,12 @@ struct CudaModelOptions {
   // of each head. Prompt attention and the estimate read one layer's rows widened to bf16 in a
   // staging slab; decode reads the codes (ragged_decode_fp8).
   bool fp8_kv_cache = false;
+  // Full-attention prompt attention in FP8 (flash_prefill_fp8: Q, K, V and the softmax weights in
+  // E4M3 on the FP8 tensor cores) where it can run: a Hopper build and device, head_dim 128.
+  // Elsewhere, and for the sparse prefill methods, prompt attention stays bf16. kAuto: FP8 with
+  // the FP8 cache, as vLLM's FP8 cache runs FlashAttention-3 in FP8.
+  enum class PromptAttention { kAuto, kBf16, kFp8 };
+  PromptAttention prompt_attention = PromptAttention::kAuto;
 };
 
 // What the attention policies did in the last prefill and compression (AttentionWork), with the
@@ -83,8 +89,9 @@ struct GpuMemoryPlan {
   size_t weights = 0;
   size_t kv_cache = 0;
   size_t activations = 0;
-  bool fp8_weights = false;   // the projections are FP8 codes
-  bool fp8_kv_cache = false;  // the cache is FP8 codes with row scales
+  bool fp8_weights = false;           // the projections are FP8 codes
+  bool fp8_kv_cache = false;          // the cache is FP8 codes with row scales
+  bool fp8_prompt_attention = false;  // full-attention prompts attend in FP8
   size_t total() const { return weights + kv_cache + activations; }
   std::string describe() const;
 };
