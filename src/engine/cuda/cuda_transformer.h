@@ -59,7 +59,8 @@ struct CudaModelOptions {
   bool fp8_separate_scaling = true;
   // An FP8 KV cache (EngineOptions::fp8_kv_cache): E4M3 codes with one fp32 scale per cached row
   // of each head. Prompt attention and the estimate read one layer's rows widened to bf16 in a
-  // staging slab; decode reads the codes (ragged_decode_fp8).
+  // staging slab (FP8 prompt attention, see prompt_attention, quantizes them again with a scale
+  // per KV head); decode reads the codes (ragged_decode_fp8).
   bool fp8_kv_cache = false;
   // Full-attention prompt attention in FP8 (flash_prefill_fp8: Q, K, V and the softmax weights in
   // E4M3 on the FP8 tensor cores) where it can run: a Hopper build and device, head_dim 128.
