@@ -393,6 +393,9 @@ if [[ "${steps}" == *",attention,"* && -x "${build}/entropyinfer_gpu_bench" ]]; 
      [[ "${last_test}" != *RUN*WgmmaPrefill* && "${last_test}" != *RUN*WgmmaAndMma* ]]; then
     kernels="wgmma,${kernels}"
   fi
+  if ! grep -q "FAILED.*CudaFp8Attention" <<< "${tests_log}" && [[ "${last_test}" != *RUN*CudaFp8Attention* ]]; then
+    kernels="${kernels},fp8"
+  fi
   timeout -k 10 300 "${build}/entropyinfer_gpu_bench" attention --lengths "${lengths}" --kernels "${kernels}" \
     --json "${out}/attention-ours.json" \
     2>&1 | tee -a "${log}" || step_failed "attention benchmark"

@@ -33,19 +33,19 @@ def main():
         return "-" if a is None or b is None else f"{a / b:.2f}"
 
     lines = [f"# Attention kernels, {args.date}, {merged['gpu']}", "",
-             f"Causal prefill, bf16, {merged['shape']['q_heads']} query heads, {merged['shape']['kv_heads']} KV heads, "
+             f"Causal prefill, bf16 (ours FP8: flash_prefill_fp8, E4M3 operands), {merged['shape']['q_heads']} query heads, {merged['shape']['kv_heads']} KV heads, "
              f"head size {merged['shape']['head_dim']}; TFLOP/s = {merged['flops_formula']} / median time "
              f"(CUDA events, after warm-up). torch {merged['torch']}, cuDNN {merged['cudnn']}, same device call.", "",
              f"Command: `{args.command}`", "",
              "| tokens | ours wgmma | ours wgmma (no overlap) | ours mma.sync | SDPA FlashAttention-2 | SDPA cuDNN | "
-             "wgmma / FA2 | wgmma / cuDNN |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "wgmma / FA2 | wgmma / cuDNN | ours FP8 | FP8 / wgmma |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for n in sorted(rows):
         r = rows[n]
         best = r.get("wgmma")
         lines.append(f"| {n} | {cell(r.get('wgmma'))} | {cell(r.get('wgmma_simple'))} | {cell(r.get('mma'))} | "
                      f"{cell(r.get('sdpa_flash'))} | {cell(r.get('sdpa_cudnn'))} | {ratio(best, r.get('sdpa_flash'))} | "
-                     f"{ratio(best, r.get('sdpa_cudnn'))} |")
+                     f"{ratio(best, r.get('sdpa_cudnn'))} | {cell(r.get('fp8'))} | {ratio(r.get('fp8'), best)} |")
     if merged["decode"]:
         lines += ["", f"Split-KV decode, one token over the cache (device copy bandwidth "
                       f"{merged['copy_bandwidth_gbps']:.0f} GB/s, read + write):", "",
