@@ -204,7 +204,6 @@ __device__ __forceinline__ void producer_loop(const Fp8FlashParams& p, uint32_t 
 
 __global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8FlashParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kTilesN = kBlockN / 8;
   constexpr int kTilesD = kHeadDim / 8;
   extern __shared__ __align__(1024) uint8_t shared_raw[];
   const uint32_t base = shared_address(shared_raw);
@@ -293,8 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8FlashPa
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
   float s[kBlockN / 2];
   uint32_t pa[kBlockN / 32][4];
-  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
-  float rescale_a = 1.0f, rescale_b = 1.0f;
+  WgmmaRowSoftmax<8> rows;
 
   auto issue_scores = [&](int block) {
     const uint32_t k_tile = stage_tiles + (block % kStages) * kStageBytes;
@@ -323,57 +321,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8FlashPa
   auto release = [&](int block) {
     if (block + kStages < blocks) named_barrier_arrive(kEmptyBarrier + block % kStages, kThreads);
   };
-  // The bf16 kernel's online softmax with per-row scales; the weights come out 256 times too large
-  // (exponents shifted by 8), and so do the sums, so that P's E4M3 codes stay normal.
+  // Per-row scales; the weights come out 256 times too large (exponents shifted by 8), and so do
+  // the sums, so that P's E4M3 codes stay normal.
   auto softmax = [&](int block) {
-    if ((block + 1) * kBlockN - 1 > min_position) {
-#pragma unroll
-      for (int j = 0; j < kTilesN; ++j) {
-        const int key = block * kBlockN + 8 * j + 2 * t;
-        if (key > position_a) s[4 * j] = -INFINITY;
-        if (key + 1 > position_a) s[4 * j + 1] = -INFINITY;
-        if (key > position_b) s[4 * j + 2] = -INFINITY;
-        if (key + 1 > position_b) s[4 * j + 3] = -INFINITY;
-      }
-    }
-    float block_max_a = -INFINITY, block_max_b = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kTilesN; ++j) {
-      block_max_a = fmaxf(block_max_a, fmaxf(s[4 * j], s[4 * j + 1]));
-      block_max_b = fmaxf(block_max_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-    }
-    const float new_max_a = fmaxf(max_a, quad_max(block_max_a) * scale_a);
-    const float new_max_b = fmaxf(max_b, quad_max(block_max_b) * scale_b);
-    const float reference_a = new_max_a == -INFINITY ? 0.0f : new_max_a;
-    const float reference_b = new_max_b == -INFINITY ? 0.0f : new_max_b;
-    rescale_a = fast_exp2(max_a - reference_a);
-    rescale_b = fast_exp2(max_b - reference_b);
-    max_a = new_max_a;
-    max_b = new_max_b;
-    const float shifted_a = 8.0f - reference_a, shifted_b = 8.0f - reference_b;
-    float block_sum_a = 0.0f, block_sum_b = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kTilesN; ++j) {
-      s[4 * j] = fast_exp2(fmaf(s[4 * j], scale_a, shifted_a));
-      s[4 * j + 1] = fast_exp2(fmaf(s[4 * j + 1], scale_a, shifted_a));
-      s[4 * j + 2] = fast_exp2(fmaf(s[4 * j + 2], scale_b, shifted_b));
-      s[4 * j + 3] = fast_exp2(fmaf(s[4 * j + 3], scale_b, shifted_b));
-      block_sum_a += s[4 * j] + s[4 * j + 1];
-      block_sum_b += s[4 * j + 2] + s[4 * j + 3];
-    }
-    sum_a = sum_a * rescale_a + block_sum_a;
-    sum_b = sum_b * rescale_b + block_sum_b;
+    rows.update(s, block * kBlockN, (block + 1) * kBlockN - 1 > min_position, position_a,
+                position_b, t, scale_a, scale_b);
   };
   // Rescale O, and pack S into P's A fragments: per 32 keys, a thread's scores of keys 2t, 2t+1,
   // 8+2t, 9+2t (and 16 more) are A columns 4t .. 4t+3 (and 16 more), the staged values' order.
   auto rescale_and_pack = [&] {
-#pragma unroll
-    for (int i = 0; i < kTilesD; ++i) {
-      o[4 * i] *= rescale_a;
-      o[4 * i + 1] *= rescale_a;
-      o[4 * i + 2] *= rescale_b;
-      o[4 * i + 3] *= rescale_b;
-    }
+    rows.rescale(o);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 32; ++kk) {
       const float* v = s + 16 * kk;
@@ -416,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8FlashPa
   fence_fragments(pa);
 
   float inverse_a, inverse_b;
-  finish_row_sums(sum_a, sum_b, inverse_a, inverse_b);
+  finish_row_sums(rows.sum_a, rows.sum_b, inverse_a, inverse_b);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = half == 0 ? row_a : row_b;

@@ -291,6 +291,79 @@ __host__ __device__ __forceinline__ SparseKeys sparse_keys(const SparseFlashPara
   return keys;
 }
 
+// The online softmax of a thread of a wgmma consumer warpgroup (both prefill kernels). Its fp32
+// scores hold, per 8-key column tile j, slots 8j + 2t and 8j + 2t + 1 of its rows a (s[4j],
+// s[4j+1]) and b (s[4j+2], s[4j+3]). update() masks the slots past each row's last (when
+// `masked`), moves the rows' running maxima (scores times scale_a / scale_b) and sums, and
+// exponentiates the scores in place; rescale() then scales O by the factors that update() left.
+// kExponentShift raises every exponent and so every weight and sum by 2^kExponentShift (the FP8
+// kernel's 8 keeps its weights normal in E4M3; O and the sums carry it alike).
+template <int kExponentShift>
+struct WgmmaRowSoftmax {
+  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
+  float rescale_a = 1.0f, rescale_b = 1.0f;
+
+  template <int kCount>
+  __device__ __forceinline__ void update(float (&s)[kCount], int first_slot, bool masked,
+                                         int last_a, int last_b, int t, float scale_a,
+                                         float scale_b) {
+    constexpr int kTilesN = kCount / 4;
+    if (masked) {
+#pragma unroll
+      for (int j = 0; j < kTilesN; ++j) {
+        const int key = first_slot + 8 * j + 2 * t;
+        if (key > last_a) s[4 * j] = -INFINITY;
+        if (key + 1 > last_a) s[4 * j + 1] = -INFINITY;
+        if (key > last_b) s[4 * j + 2] = -INFINITY;
+        if (key + 1 > last_b) s[4 * j + 3] = -INFINITY;
+      }
+    }
+    float block_max_a = -INFINITY, block_max_b = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+      block_max_a = fmaxf(block_max_a, fmaxf(s[4 * j], s[4 * j + 1]));
+      block_max_b = fmaxf(block_max_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    }
+    const float new_max_a = fmaxf(max_a, quad_max(block_max_a) * scale_a);
+    const float new_max_b = fmaxf(max_b, quad_max(block_max_b) * scale_b);
+    const float reference_a = new_max_a == -INFINITY ? 0.0f : new_max_a;
+    const float reference_b = new_max_b == -INFINITY ? 0.0f : new_max_b;
+    rescale_a = fast_exp2(max_a - reference_a);
+    rescale_b = fast_exp2(max_b - reference_b);
+    max_a = new_max_a;
+    max_b = new_max_b;
+    float offset_a = -reference_a, offset_b = -reference_b;
+    if constexpr (kExponentShift != 0) {
+      offset_a = static_cast<float>(kExponentShift) - reference_a;
+      offset_b = static_cast<float>(kExponentShift) - reference_b;
+    }
+    float block_sum_a = 0.0f, block_sum_b = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+      s[4 * j] = fast_exp2(fmaf(s[4 * j], scale_a, offset_a));
+      s[4 * j + 1] = fast_exp2(fmaf(s[4 * j + 1], scale_a, offset_a));
+      s[4 * j + 2] = fast_exp2(fmaf(s[4 * j + 2], scale_b, offset_b));
+      s[4 * j + 3] = fast_exp2(fmaf(s[4 * j + 3], scale_b, offset_b));
+      block_sum_a += s[4 * j] + s[4 * j + 1];
+      block_sum_b += s[4 * j + 2] + s[4 * j + 3];
+    }
+    sum_a = sum_a * rescale_a + block_sum_a;
+    sum_b = sum_b * rescale_b + block_sum_b;
+  }
+
+  // O in the same layout (per 8-column tile i: o[4i], o[4i+1] of row a, o[4i+2], o[4i+3] of b).
+  template <int kCount>
+  __device__ __forceinline__ void rescale(float (&o)[kCount]) const {
+#pragma unroll
+    for (int i = 0; i < kCount / 4; ++i) {
+      o[4 * i] *= rescale_a;
+      o[4 * i + 1] *= rescale_a;
+      o[4 * i + 2] *= rescale_b;
+      o[4 * i + 3] *= rescale_b;
+    }
+  }
+};
+
 // After the last key tile: a thread's two rows' softmax sums, reduced over their quad in place, and
 // their inverses (0 for a row that saw no key, so that it writes zeros).
 __device__ __forceinline__ void finish_row_sums(float& sum_a, float& sum_b, float& inverse_a,

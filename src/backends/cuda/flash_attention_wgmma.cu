@@ -215,7 +215,6 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const KernelPa
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Layout = WgmmaLayout<kHeadDim>;
   constexpr int kChunks = kHeadDim / 8;
-  constexpr int kTilesN = kBlockN / 8;   // 8-key column tiles of S
   constexpr int kTilesD = kHeadDim / 8;  // 8-wide column tiles of O
   extern __shared__ __align__(1024) uint8_t shared_raw[];
   const uint32_t q_tile = (shared_address(shared_raw) + 1023u) & ~1023u;
@@ -281,8 +280,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const KernelPa
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
   float s[kBlockN / 2];
   uint32_t pa[kBlockN / 16][4];
-  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
-  float rescale_a = 1.0f, rescale_b = 1.0f;
+  WgmmaRowSoftmax<0> rows;
 
   // S = Q K(block)^T, issued asynchronously once the producer has filled the block's stage.
   auto issue_scores = [&](int block) {
@@ -327,52 +325,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const KernelPa
   // Online softmax of S in place: mask, new running maxima, exponentials, sums; the factors that
   // rescale O are kept for when O is free.
   auto softmax = [&](int block) {
-    if ((block + 1) * kBlockN - 1 > min_position + shift) {  // a slot past some row's last
-#pragma unroll
-      for (int j = 0; j < kTilesN; ++j) {
-        const int key = block * kBlockN + 8 * j + 2 * t;
-        if (key > position_a) s[4 * j] = -INFINITY;
-        if (key + 1 > position_a) s[4 * j + 1] = -INFINITY;
-        if (key > position_b) s[4 * j + 2] = -INFINITY;
-        if (key + 1 > position_b) s[4 * j + 3] = -INFINITY;
-      }
-    }
-    float block_max_a = -INFINITY, block_max_b = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kTilesN; ++j) {
-      block_max_a = fmaxf(block_max_a, fmaxf(s[4 * j], s[4 * j + 1]));
-      block_max_b = fmaxf(block_max_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-    }
-    const float new_max_a = fmaxf(max_a, quad_max(block_max_a) * p.scale_log2);
-    const float new_max_b = fmaxf(max_b, quad_max(block_max_b) * p.scale_log2);
-    const float reference_a = new_max_a == -INFINITY ? 0.0f : new_max_a;
-    const float reference_b = new_max_b == -INFINITY ? 0.0f : new_max_b;
-    rescale_a = fast_exp2(max_a - reference_a);
-    rescale_b = fast_exp2(max_b - reference_b);
-    max_a = new_max_a;
-    max_b = new_max_b;
-    float block_sum_a = 0.0f, block_sum_b = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kTilesN; ++j) {
-      s[4 * j] = fast_exp2(fmaf(s[4 * j], p.scale_log2, -reference_a));
-      s[4 * j + 1] = fast_exp2(fmaf(s[4 * j + 1], p.scale_log2, -reference_a));
-      s[4 * j + 2] = fast_exp2(fmaf(s[4 * j + 2], p.scale_log2, -reference_b));
-      s[4 * j + 3] = fast_exp2(fmaf(s[4 * j + 3], p.scale_log2, -reference_b));
-      block_sum_a += s[4 * j] + s[4 * j + 1];
-      block_sum_b += s[4 * j + 2] + s[4 * j + 3];
-    }
-    sum_a = sum_a * rescale_a + block_sum_a;
-    sum_b = sum_b * rescale_b + block_sum_b;
+    rows.update(s, block * kBlockN, (block + 1) * kBlockN - 1 > min_position + shift, position_a,
+                position_b, t, p.scale_log2, p.scale_log2);
   };
   // Once no product reads O and P: rescale O, and turn S into the next P (bf16 A fragments).
   auto rescale_and_pack = [&] {
-#pragma unroll
-    for (int i = 0; i < kTilesD; ++i) {
-      o[4 * i] *= rescale_a;
-      o[4 * i + 1] *= rescale_a;
-      o[4 * i + 2] *= rescale_b;
-      o[4 * i + 3] *= rescale_b;
-    }
+    rows.rescale(o);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       pa[kk][0] = pack_bf16(s[8 * kk], s[8 * kk + 1]);
@@ -433,7 +391,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const KernelPa
   }
 
   float inverse_a, inverse_b;  // zeros for an empty cache or split
-  finish_row_sums(sum_a, sum_b, inverse_a, inverse_b);
+  finish_row_sums(rows.sum_a, rows.sum_b, inverse_a, inverse_b);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = half == 0 ? row_a : row_b;
