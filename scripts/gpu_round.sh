@@ -64,6 +64,7 @@
 #   METHOD_LENGTHS prompt lengths of the attention-method comparison (default 32768,65536,130816:
 #                  with NEW_TOKENS=256 the longest fills Llama 3.1's 131072 positions)
 #   SPARSE_LENGTHS lengths of the block-sparse kernel benchmark (default 32768,65536,131072)
+#   SPARSE_KERNELS its kernels, space-separated (default "auto fp8")
 #   METHODS        methods compared (default full,entropy+latent,critiprefill+snapkv)
 #   NEW_TOKENS     tokens generated after each prompt there (default 256)
 #   METHOD_STAGE_TIMES 1 adds one prefill per row timed part by part (--stage-times)
@@ -429,9 +430,13 @@ fi
 
 if [[ "${steps}" == *",sparse,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then
   section sparse
-  # The block-sparse kernel alone at the method's typical work (every head at the base budget).
-  timeout -k 10 300 "${build}/entropyinfer_gpu_bench" sparse-attention --lengths "${SPARSE_LENGTHS:-32768,65536,131072}" \
-    --json "${out}/sparse-attention.json" 2>&1 | tee -a "${log}" || step_failed "sparse attention benchmark"
+  # The block-sparse kernel alone at the method's typical work (every head at the base budget),
+  # per kernel of SPARSE_KERNELS (auto: bf16; fp8: over staged FP8 keys).
+  for kernel in ${SPARSE_KERNELS:-auto fp8}; do
+    timeout -k 10 300 "${build}/entropyinfer_gpu_bench" sparse-attention --lengths "${SPARSE_LENGTHS:-32768,65536,131072}" \
+      --kernel "${kernel}" --json "${out}/sparse-attention-${kernel}.json" 2>&1 | tee -a "${log}" ||
+      step_failed "sparse attention benchmark (${kernel})"
+  done
 fi
 
 if [[ "${steps}" == *",gemm,"* && -x "${build}/entropyinfer_gpu_bench" ]]; then

@@ -71,22 +71,11 @@ int run_attention_bench(int argc, char** argv) {
 
     if (listed.find(",fp8,") != std::string::npos && cuda::fp8_attention_available() &&
         dims.head_dim == 128) {
-      cuda::DeviceBuffer<uint8_t> codes(cuda::fp8_staged_code_bytes(dims.kv_heads, 128, n));
-      cuda::DeviceBuffer<float> amax(static_cast<size_t>(2 * dims.kv_heads));
-      cuda::Fp8StagedKeys staged;
-      staged.kv_heads = dims.kv_heads;
-      staged.stride = cuda::fp8_staged_stride(n);
-      staged.keys = codes.data();
-      staged.values = codes.data() + staged.kv_heads * staged.stride * 128;
-      staged.amax = amax.data();
-      const Timing staging = time_runs(
-          [&] {
-            cuda::stage_fp8_keys(inputs.k.data(), inputs.v.data(), n, 128, n, staged, stream);
-          },
-          stream);
+      Fp8StagedInputs fp8(inputs, stream);
+      const Timing staging = time_runs([&] { fp8.stage(inputs, stream); }, stream);
       const Timing timing = time_runs(
           [&] {
-            cuda::flash_prefill_fp8(inputs.q.data(), staged, inputs.shape, inputs.out.data(),
+            cuda::flash_prefill_fp8(inputs.q.data(), fp8.staged, inputs.shape, inputs.out.data(),
                                     stream);
           },
           stream);

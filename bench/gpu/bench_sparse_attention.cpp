@@ -11,11 +11,14 @@
 // LayerPrefillPlan::keys_read(), i.e. 4 * head_dim per (query head, query, key read) (2 for
 // Q K^T, 2 for P V); dense reads n (n + 1) / 2 keys per query head. Effective TFLOP/s of the
 // sparse runs are thus comparable with the dense kernel's, and the speed-up is dense ms over
-// sparse ms (the ideal is 1 / key-read fraction).
+// sparse ms (the ideal is 1 / key-read fraction). With --kernel fp8 the three run in FP8
+// (flash_prefill_fp8 and flash_prefill_block_sparse_fp8 over keys staged once, outside the timing;
+// the staging is timed on its own).
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -108,9 +111,13 @@ int run_sparse_attention_bench(int argc, char** argv) {
     kernel = cuda::FlashKernel::kWgmmaSimple;
   } else if (kernel_name == "mma") {
     kernel = cuda::FlashKernel::kMma;
-  } else if (kernel_name != "auto") {
-    throw std::runtime_error("unknown kernel " + kernel_name + " (auto, wgmma, wgmma_simple, mma)");
+  } else if (kernel_name != "auto" && kernel_name != "fp8") {
+    throw std::runtime_error("unknown kernel " + kernel_name +
+                             " (auto, wgmma, wgmma_simple, mma, fp8)");
   }
+  const bool fp8 = kernel_name == "fp8";
+  if (fp8 && !cuda::fp8_attention_available())
+    throw std::runtime_error("--kernel fp8 needs a Hopper GPU and a build for sm_90a");
   plan_shape.kv_heads = static_cast<int>(dims.kv_heads);
   const int64_t group = dims.q_heads / dims.kv_heads;
 
@@ -132,6 +139,7 @@ int run_sparse_attention_bench(int argc, char** argv) {
     double dense_ms, dense_tflops;
     double method_ms, method_fraction, method_tflops;
     double all_ms, all_tflops;
+    double staging_ms;  // fp8 only
   };
   std::vector<Row> rows;
   cudaStream_t stream = nullptr;
@@ -152,7 +160,22 @@ int run_sparse_attention_bench(int argc, char** argv) {
 
     Row row{};
     row.tokens = n;
-    const Timing dense = time_runs([&] { inputs.prefill(kernel, stream); }, stream);
+    std::unique_ptr<Fp8StagedInputs> staged;
+    if (fp8) {
+      staged = std::make_unique<Fp8StagedInputs>(inputs, stream);
+      const Timing staging = time_runs([&] { staged->stage(inputs, stream); }, stream);
+      row.staging_ms = staging.median_ms;
+    }
+    const Timing dense = time_runs(
+        [&] {
+          if (fp8) {
+            cuda::flash_prefill_fp8(inputs.q.data(), staged->staged, inputs.shape,
+                                    inputs.out.data(), stream);
+          } else {
+            inputs.prefill(kernel, stream);
+          }
+        },
+        stream);
     row.dense_ms = dense.median_ms;
     row.dense_tflops = tflops_of(dense_keys, dense.median_ms);
 
@@ -160,9 +183,14 @@ int run_sparse_attention_bench(int argc, char** argv) {
       const auto device_plan = cuda::DevicePrefillPlanStorage::upload(plan);
       return time_runs(
           [&] {
-            cuda::flash_prefill_block_sparse(inputs.q.data(), inputs.k.data(), inputs.v.data(),
-                                             inputs.shape, device_plan.view, inputs.out.data(),
-                                             stream, kernel);
+            if (fp8) {
+              cuda::flash_prefill_block_sparse_fp8(inputs.q.data(), staged->staged, inputs.shape,
+                                                   device_plan.view, inputs.out.data(), stream);
+            } else {
+              cuda::flash_prefill_block_sparse(inputs.q.data(), inputs.k.data(), inputs.v.data(),
+                                               inputs.shape, device_plan.view, inputs.out.data(),
+                                               stream, kernel);
+            }
           },
           stream);
     };
@@ -190,7 +218,8 @@ int run_sparse_attention_bench(int argc, char** argv) {
                                  {"all_visible_ms", row.all_ms},
                                  {"all_visible_min_ms", all.min_ms},
                                  {"all_visible_tflops", row.all_tflops},
-                                 {"all_visible_vs_dense", row.dense_ms / row.all_ms}});
+                                 {"all_visible_vs_dense", row.dense_ms / row.all_ms},
+                                 {"fp8_staging_ms", row.staging_ms}});
     std::cout << "n=" << n << ": dense " << row.dense_ms << " ms (" << row.dense_tflops
               << " TFLOP/s), method " << row.method_ms << " ms (" << 100.0 * row.method_fraction
               << "% of key reads, " << row.method_tflops << " effective TFLOP/s, "

@@ -10,8 +10,9 @@
 //     agreeing on >= 90% of the rows; the GPU's FP8 logits differ from its bf16-cache logits (the
 //     option is applied) and the cache takes (head_dim + 4) / (2 head_dim) of the bf16 cache's
 //     bytes;
-//   - the entropy prefill under the FP8 cache reads the CPU's fraction of keys within 2% and its
-//     logits stay within relative L2 0.15 (the bound of the bf16-cache comparison);
+//   - the entropy and CritiPrefill prefills under the FP8 cache read the CPU's fraction of keys
+//     within 2% and their logits stay within relative L2 0.15 (the bound of the bf16-cache
+//     comparison), with FP8 block-sparse prompt attention on the head_dim-128 variant;
 //   - each decode method compresses to exactly the CPU's entry count, shrinks the cache, decodes
 //     within relative L2 5e-2 with the argmax agreeing on >= 90% of the steps, and reset() gives
 //     the full cache back.
@@ -144,35 +145,54 @@ TEST(CudaFp8KvCacheModel, Fp8PromptAttentionStaysNearTheCpuReference) {
   }
 }
 
+// Variant 1 (head_dim 128) runs its sparse prompt attention in FP8 on a Hopper build
+// (flash_prefill_block_sparse_fp8); it must then differ from bf16 prompt attention over the same
+// cache (the kernel is applied) and read the same keys.
 TEST(CudaFp8KvCacheModel, SparsePrefillMatchesTheCpuReference) {
   ENTROPYINFER_REQUIRE_GPU();
-  const ModelConfig config = small_config(0);
-  const ModelWeights weights = gpu_exact_model(config, 21);
-  for (PrefillMethod method : {PrefillMethod::kEntropy, PrefillMethod::kCritiPrefill}) {
-    SCOPED_TRACE(prefill_method_name(method));
-    const AttentionConfig attention = small_sparse(method);
-    Transformer cpu_model(weights, 1024, attention, true);
-    cuda::CudaModelOptions options;
-    options.context_length = 1024;
-    options.attention = attention;
-    options.fp8_kv_cache = true;
-    cuda::CudaTransformer gpu_model(weights, options);
-    const auto prompt = test_prompt(900, config.vocab_size);
-    Agreement agreement;
-    compare_rows(gpu_model.forward(prompt, true), cpu_model.forward(prompt, true),
-                 config.vocab_size, agreement);
-    const auto& gpu_work = gpu_model.attention_work();
-    const auto& cpu_work = cpu_model.attention_work();
-    const double gpu_fraction =
-        static_cast<double>(gpu_work.prefill_keys_read) / gpu_work.prefill_keys_dense;
-    const double cpu_fraction =
-        static_cast<double>(cpu_work.prefill_keys_read) / cpu_work.prefill_keys_dense;
-    std::cout << "[ measure ] FP8 cache, " << prefill_method_name(method) << ": relative L2 "
-              << agreement.worst_relative_l2 << ", keys read GPU " << gpu_fraction << " CPU "
-              << cpu_fraction << "\n";
-    EXPECT_LT(gpu_fraction, 0.9);
-    EXPECT_NEAR(gpu_fraction, cpu_fraction, 0.02 * cpu_fraction);
-    EXPECT_LE(agreement.worst_relative_l2, 0.15);
+  for (const int variant : {0, 1}) {
+    const ModelConfig config = small_config(variant);
+    const ModelWeights weights = gpu_exact_model(config, 21);
+    const bool fp8_attention = config.head_dim == 128 && cuda::fp8_attention_available();
+    for (PrefillMethod method : {PrefillMethod::kEntropy, PrefillMethod::kCritiPrefill}) {
+      SCOPED_TRACE(std::string(prefill_method_name(method)) + ", variant " +
+                   std::to_string(variant));
+      const AttentionConfig attention = small_sparse(method);
+      Transformer cpu_model(weights, 1024, attention, true);
+      cuda::CudaModelOptions options;
+      options.context_length = 1024;
+      options.attention = attention;
+      options.fp8_kv_cache = true;
+      cuda::CudaTransformer gpu_model(weights, options);
+      EXPECT_EQ(gpu_model.memory_plan().fp8_prompt_attention, fp8_attention);
+      const auto prompt = test_prompt(900, config.vocab_size);
+      Agreement agreement;
+      const auto logits = gpu_model.forward(prompt, true);
+      compare_rows(logits, cpu_model.forward(prompt, true), config.vocab_size, agreement);
+      const auto& gpu_work = gpu_model.attention_work();
+      const auto& cpu_work = cpu_model.attention_work();
+      const double gpu_fraction =
+          static_cast<double>(gpu_work.prefill_keys_read) / gpu_work.prefill_keys_dense;
+      const double cpu_fraction =
+          static_cast<double>(cpu_work.prefill_keys_read) / cpu_work.prefill_keys_dense;
+      std::cout << "[ measure ] FP8 cache, " << prefill_method_name(method) << ", variant "
+                << variant << (fp8_attention ? " (FP8 prompt attention)" : "") << ": relative L2 "
+                << agreement.worst_relative_l2 << ", keys read GPU " << gpu_fraction << " CPU "
+                << cpu_fraction << "\n";
+      EXPECT_LT(gpu_fraction, 0.9);
+      EXPECT_NEAR(gpu_fraction, cpu_fraction, 0.02 * cpu_fraction);
+      EXPECT_LE(agreement.worst_relative_l2, 0.15);
+      if (fp8_attention) {
+        options.prompt_attention = cuda::CudaModelOptions::PromptAttention::kBf16;
+        cuda::CudaTransformer bf16_attention(weights, options);
+        Agreement against_bf16;
+        compare_rows(logits, bf16_attention.forward(prompt, true), config.vocab_size, against_bf16);
+        std::cout << "[ measure ]   vs bf16 sparse prompt attention: relative L2 "
+                  << against_bf16.worst_relative_l2 << "\n";
+        EXPECT_GT(against_bf16.worst_relative_l2, 0.0);
+        EXPECT_EQ(bf16_attention.attention_work().prefill_keys_read, gpu_work.prefill_keys_read);
+      }
+    }
   }
 }
 

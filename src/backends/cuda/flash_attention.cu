@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     keys = detail::sparse_keys(p, kv_head, min_position, max_position);
     shift = keys.shift();
     if (threadIdx.x == 0 && split == 0)
-      detail::count_tile_keys(p, keys, row0, last_row, first_position);
+      detail::count_tile_keys(p, keys, p.group, row0, last_row, first_position);
   }
   const int total_blocks = (max_position + shift + kMmaBlockN) / kMmaBlockN;
   const int blocks_per_split = (total_blocks + p.splits - 1) / p.splits;
@@ -388,18 +388,10 @@ void flash_prefill(const bf16* q, const bf16* key_cache, const bf16* value_cache
   }
 }
 
-void flash_prefill_block_sparse(const bf16* q, const bf16* key_cache, const bf16* value_cache,
-                                const FlashShape& shape, const DevicePrefillPlan& plan, bf16* out,
-                                cudaStream_t stream, FlashKernel kernel,
-                                unsigned long long* keys_read) {
-  const std::string prefix = "block-sparse attention: ";
-  if (shape.device_position != nullptr) {
-    throw Error(prefix + "runs prompt queries: device_position must be null");
-  }
-  if (plan.dense) {
-    flash_prefill(q, key_cache, value_cache, shape, out, stream, kernel);
-    return;
-  }
+namespace detail {
+
+SparsePlanFields sparse_plan_fields(const FlashShape& shape, const DevicePrefillPlan& plan,
+                                    unsigned long long* keys_read, const std::string& prefix) {
   if (plan.num_kv_heads != shape.kv_heads ||
       shape.first_position + shape.tokens > plan.num_tokens) {
     throw Error(prefix + "the plan describes " + std::to_string(plan.num_tokens) + " tokens and " +
@@ -424,29 +416,57 @@ void flash_prefill_block_sparse(const bf16* q, const bf16* key_cache, const bf16
       plan.block_indices == nullptr) {
     throw Error(prefix + "a sparse plan needs its segment, row and block arrays");
   }
+  SparsePlanFields fields;
+  fields.segment_sparse = plan.segment_sparse;
+  fields.row_offsets = plan.row_offsets;
+  fields.block_indices = plan.block_indices;
+  fields.segment_size = plan.segment_size;
+  fields.block_size = plan.block_size;
+  fields.num_segments = plan.num_segments;
+  fields.keys_read = keys_read;
+  return fields;
+}
+
+bool sparse_tile_rows_fit(const DevicePrefillPlan& plan, int64_t group, int64_t tile_rows) {
+  return static_cast<int64_t>(plan.segment_size) * group % tile_rows == 0;
+}
+
+std::string sparse_tile_rows_rule(const DevicePrefillPlan& plan, int64_t group) {
+  return "segment_size * (q_heads / kv_heads) = " + std::to_string(plan.segment_size) + " * " +
+         std::to_string(group) + " = " + std::to_string(plan.segment_size * group) +
+         " packed rows per segment must be a multiple of ";
+}
+
+}  // namespace detail
+
+void flash_prefill_block_sparse(const bf16* q, const bf16* key_cache, const bf16* value_cache,
+                                const FlashShape& shape, const DevicePrefillPlan& plan, bf16* out,
+                                cudaStream_t stream, FlashKernel kernel,
+                                unsigned long long* keys_read) {
+  const std::string prefix = "block-sparse attention: ";
+  if (shape.device_position != nullptr) {
+    throw Error(prefix + "runs prompt queries: device_position must be null");
+  }
+  if (plan.dense) {
+    flash_prefill(q, key_cache, value_cache, shape, out, stream, kernel);
+    return;
+  }
+  const detail::SparsePlanFields fields =
+      detail::sparse_plan_fields(shape, plan, keys_read, prefix);
   if (shape.tokens == 0) return;
   detail::SparseFlashParams params;
   static_cast<FlashParams&>(params) = make_params(q, key_cache, value_cache, shape, out);
-  params.segment_sparse = plan.segment_sparse;
-  params.row_offsets = plan.row_offsets;
-  params.block_indices = plan.block_indices;
-  params.segment_size = plan.segment_size;
-  params.block_size = plan.block_size;
-  params.num_segments = plan.num_segments;
-  params.keys_read = keys_read;
+  static_cast<detail::SparsePlanFields&>(params) = fields;
 
   // Every tile of packed rows must lie in one segment, since its rows share one key sequence.
-  const int64_t segment_rows = static_cast<int64_t>(plan.segment_size) * params.group;
   constexpr int kWgmmaRows = 128;
   constexpr int kMmaRows = 16 * kPrefillWarps;
-  const std::string constraint =
-      "segment_size * (q_heads / kv_heads) = " + std::to_string(plan.segment_size) + " * " +
-      std::to_string(params.group) + " = " + std::to_string(segment_rows) +
-      " packed rows per segment must be a multiple of ";
+  const std::string constraint = detail::sparse_tile_rows_rule(plan, params.group);
   if (kernel == FlashKernel::kAuto) {
-    if (wgmma_attention_available() && segment_rows % kWgmmaRows == 0) {
+    if (wgmma_attention_available() &&
+        detail::sparse_tile_rows_fit(plan, params.group, kWgmmaRows)) {
       kernel = FlashKernel::kWgmma;
-    } else if (segment_rows % kMmaRows == 0) {
+    } else if (detail::sparse_tile_rows_fit(plan, params.group, kMmaRows)) {
       kernel = FlashKernel::kMma;
     } else {
       throw Error(prefix + "no kernel runs this shape: " + constraint + std::to_string(kMmaRows) +
@@ -458,7 +478,7 @@ void flash_prefill_block_sparse(const bf16* q, const bf16* key_cache, const bf16
     if (!wgmma_attention_available()) {
       throw Error("attention: the wgmma kernel needs a Hopper GPU and a build for sm_90a");
     }
-    if (segment_rows % kWgmmaRows != 0) {
+    if (!detail::sparse_tile_rows_fit(plan, params.group, kWgmmaRows)) {
       throw Error(prefix + "the wgmma kernel cannot run this shape: " + constraint +
                   std::to_string(kWgmmaRows));
     }
@@ -466,7 +486,7 @@ void flash_prefill_block_sparse(const bf16* q, const bf16* key_cache, const bf16
                                         kernel == FlashKernel::kWgmma, stream);
     return;
   }
-  if (segment_rows % kMmaRows != 0) {
+  if (!detail::sparse_tile_rows_fit(plan, params.group, kMmaRows)) {
     throw Error(prefix + "the mma kernel cannot run this shape: " + constraint +
                 std::to_string(kMmaRows));
   }

@@ -18,7 +18,7 @@
 //           barriers, three stages); each consumer overlaps its softmax with its next products.
 //   kWgmmaSimple: the same without that overlap (each step waits for its products), kept as the
 //           reference the overlapped schedule is tested and measured against.
-// Block-sparse prefill (flash_prefill_block_sparse) runs the same two prefill kernels over a
+// Block-sparse prefill (flash_prefill_block_sparse) runs the same prefill kernels over a
 // virtual key sequence per tile of rows: the selected blocks of its (KV head, segment) row, read
 // straight from the cache, then the segment's own keys; work follows the keys read.
 // Decode: split-KV flash-decoding (one warp per KV head and split, 32-key tiles four stages
@@ -88,11 +88,10 @@ void flash_prefill_block_sparse(const bf16* q, const bf16* key_cache, const bf16
 // the FP8 tensor cores: S = Q K^T, then O += P V with the softmax weights P scaled by 256 and
 // rounded to E4M3 (the scale keeps weights down to 2^-14 of the row's maximum in E4M3's normal
 // range). Scores, maxima, sums and O stay fp32. FP8's P V product takes its B operand K-major, so
-// the values are staged transposed, keys contiguous, and within each group of 32 keys in the order
-// in which a thread's scores become its A fragment (no shuffle of P in registers).
+// the values are staged transposed, keys contiguous.
 struct Fp8StagedKeys {
   uint8_t* keys = nullptr;    // [kv_heads][stride][head_dim]
-  uint8_t* values = nullptr;  // [kv_heads][head_dim][stride], keys permuted within groups of 32
+  uint8_t* values = nullptr;  // [kv_heads][head_dim][stride]
   float* amax = nullptr;      // [2][kv_heads]: the largest |key| and |value| of each KV head
   int64_t kv_heads = 0;
   int64_t stride = 0;  // key rows, a multiple of 128; those past the staged keys hold zeros
@@ -111,6 +110,15 @@ void stage_fp8_keys(const bf16* key_cache, const bf16* value_cache, int64_t cach
 // be staged). Error for an unsupported shape or where fp8_attention_available() is false.
 void flash_prefill_fp8(const bf16* q, const Fp8StagedKeys& staged, const FlashShape& shape,
                        bf16* out, cudaStream_t stream);
+// flash_prefill_block_sparse over staged keys, in FP8 as flash_prefill_fp8 (the same semantics,
+// plan checks and key count); plan.dense runs flash_prefill_fp8. It copies the values of 8 keys at
+// a time, so block and segment sizes must be multiples of 8, and segment_size * (q_heads /
+// kv_heads) a multiple of 128: fp8_block_sparse_fits says whether a plan qualifies (Error if not).
+bool fp8_block_sparse_fits(const DevicePrefillPlan& plan, int64_t q_heads, int64_t kv_heads);
+void flash_prefill_block_sparse_fp8(const bf16* q, const Fp8StagedKeys& staged,
+                                    const FlashShape& shape, const DevicePrefillPlan& plan,
+                                    bf16* out, cudaStream_t stream,
+                                    unsigned long long* keys_read = nullptr);
 
 // Split-KV decoding for few queries (one new token per sequence, or a handful) over a long cache.
 // splits 0 picks a count that fills the GPU. The workspace holds the partial results: at least

@@ -4,8 +4,14 @@
 // wgmma m64n128k32 for S = Q K^T from shared memory, and for O += P V with P from registers and
 // the transposed values from shared memory. Each tile row is 128 bytes (head_dim 128), one
 // 128-byte swizzle atom, so every operand tile has one layout and one descriptor form.
+//
+// The block-sparse variant (flash_prefill_block_sparse_fp8) runs the same pipeline over a tile's
+// virtual key sequence (detail::SparseKeys), as the bf16 wgmma kernel does: the producer looks each
+// slot's staged row up in a small table it fills one tile ahead. Its values are copied in runs of 8
+// keys, so selected blocks and segments must be multiples of 8 keys.
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "backends/cuda/flash_attention.h"
 #include "backends/cuda/flash_attention_internal.cuh"
@@ -19,7 +25,8 @@ namespace {
 constexpr int kHeadDim = 128;
 constexpr int kBlockM = 128;   // packed query rows per CTA
 constexpr int kBlockN = 128;   // keys per tile
-constexpr int kKeyGroup = 32;  // keys of one k32 step of P V, permuted together in staging
+constexpr int kKeyGroup = 32;  // keys of one k32 step of P V: a tile's key rows permute within them
+constexpr int kValueRun = 8;   // keys of one value copy of the sparse producer
 constexpr int kConsumerThreads = 256;
 constexpr int kProducerThreads = 128;
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
@@ -31,22 +38,34 @@ constexpr int kQBytes = kBlockM * kHeadDim;
 constexpr int kStageBytes = 2 * kTileBytes;  // K tile, then the transposed V tile
 constexpr int kScalesBytes = kBlockM * 4;    // each query row's scale
 constexpr int kSharedBytes = kQBytes + kStages * kStageBytes + kScalesBytes + 1024;
+constexpr int kTableBytes = 2 * kBlockN * 4;  // sparse: the producer's two tiles of staged rows
+constexpr int kSparseSharedBytes = kSharedBytes + kTableBytes;
 // Named barriers as in the bf16 kernel: full (per stage and warpgroup), empty (per stage), query
-// (per warpgroup), schedule (per warpgroup).
+// (per warpgroup), table (sparse), schedule (per warpgroup).
 constexpr int kFullBarrier = 1;
 constexpr int kEmptyBarrier = 1 + 2 * kStages;
 constexpr int kQueryBarrier = 1 + 3 * kStages;
-constexpr int kScheduleBarrier = 3 + 3 * kStages;
+constexpr int kTableBarrier = 3 + 3 * kStages;
+constexpr int kScheduleBarrier = 4 + 3 * kStages;
 static_assert(kScheduleBarrier + 1 < 16, "a CTA has 16 named barriers");
 
-// The key a staged value column holds: within each group of 32, A-operand column c of an 8-bit
-// wgmma fragment (thread t of a quad holds columns 4t .. 4t+3 and 16 + 4t .. 16 + 4t+3) is the key
-// whose score that thread holds in the same place of its fp32 accumulator (columns 2t, 2t+1 of
-// each 8-key tile), so the scores pack into P without moving between threads.
-__host__ __device__ __forceinline__ int staged_key_of_column(int c) {
-  const int half = c >> 4, quad_thread = (c >> 2) & 3, i = c & 3;
-  return 16 * half + 2 * quad_thread + (i & 1) + 8 * (i >> 1);
+// The slot whose key a tile's key row n holds. An 8-bit wgmma A fragment gives thread t of a quad
+// columns 4t .. 4t+3 and 16 + 4t .. 19 + 4t of each group of 32, while its fp32 scores of S sit in
+// columns 8j + 2t, 8j + 2t + 1 of the 8-column tiles j: with the keys of each group of 32 loaded
+// in this order, the thread's scores are its A fragment's columns of P as they stand, so P needs
+// no shuffle between threads and the values keep their natural order. A bijection on each group
+// of 32, with slot(n + 16) = slot(n) + 16.
+__host__ __device__ __forceinline__ int slot_of_key_row(int n) {
+  const int group = n & ~(kKeyGroup - 1), tile = (n >> 3) & 3, t = (n >> 1) & 3;
+  return group + 16 * (tile >> 1) + 4 * t + 2 * (tile & 1) + (n & 1);
 }
+
+// The slots of a consumer thread's scores (WgmmaRowSoftmax's KeyOrder) under that order.
+struct Fp8KeyOrder {
+  __device__ __forceinline__ static int slot(int j, int t) {
+    return slot_of_key_row(8 * j + 2 * t);
+  }
+};
 
 __device__ __forceinline__ float scale_of(float amax) { return fp8::row_scale(amax); }
 
@@ -65,6 +84,11 @@ struct Fp8FlashParams {
   int first_position = 0;
   float scale_log2 = 0.0f;
 };
+
+struct Fp8SparseParams : Fp8FlashParams, SparsePlanFields {};
+
+template <bool kSparse>
+using Fp8KernelParams = std::conditional_t<kSparse, Fp8SparseParams, Fp8FlashParams>;
 
 // Largest |key| and |value| per KV head: each thread reduces 8 consecutive elements of both.
 __global__ void staged_amax_kernel(const bf16* keys, const bf16* values, int64_t cache_stride,
@@ -96,8 +120,7 @@ __global__ void staged_amax_kernel(const bf16* keys, const bf16* values, int64_t
 }
 
 // One group of 32 keys of one KV head per block, one head-dim column per thread: the keys' codes
-// row by row, the values' codes transposed and permuted (staged_key_of_column). Keys past `keys`
-// stage as zeros.
+// row by row, the values' codes transposed. Keys past `keys` stage as zeros.
 __global__ void stage_fp8_keys_kernel(const bf16* keys, const bf16* values, int64_t cache_stride,
                                       int64_t count, Fp8StagedKeys staged) {
   const int head = blockIdx.y;
@@ -119,7 +142,7 @@ __global__ void stage_fp8_keys_kernel(const bf16* keys, const bf16* values, int6
     uint32_t word = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int64_t key = first + staged_key_of_column(4 * w + i);
+      const int64_t key = first + 4 * w + i;
       const float x = key < count ? __bfloat162float(value_rows[key * kHeadDim + d]) : 0.0f;
       word |= static_cast<uint32_t>(fp8::to_e4m3(__fdiv_rn(x, value_scale))) << (8 * i);
     }
@@ -176,8 +199,10 @@ __device__ __forceinline__ void producer_loop(const Fp8FlashParams& p, uint32_t 
   constexpr int kRowsPerPass = kProducerThreads / kChunks;  // 16
   const int producer = threadIdx.x - kConsumerThreads;
   const int lane_row = producer / kChunks, chunk = producer % kChunks;
+  // Passes advance by 16 rows, which moves this thread's slot by 16 as well.
   const uint8_t* k_thread =
-      p.k + (static_cast<int64_t>(kv_head) * p.stride + lane_row) * kHeadDim + chunk * 16;
+      p.k + (static_cast<int64_t>(kv_head) * p.stride + slot_of_key_row(lane_row)) * kHeadDim +
+      chunk * 16;
   const uint8_t* v_thread =
       p.vt + (static_cast<int64_t>(kv_head) * kHeadDim + lane_row) * p.stride + chunk * 16;
   const uint32_t thread_offset = lane_row * 128 + ((chunk ^ (lane_row & 7)) << 4);
@@ -200,9 +225,67 @@ __device__ __forceinline__ void producer_loop(const Fp8FlashParams& p, uint32_t 
   }
 }
 
+// The sparse producer: each thread first writes the staged row of one slot of the tile into a
+// shared table (looked up one tile ahead; two halves, as in the bf16 kernel), then key row n of the
+// tile copies the row of slot slot_of_key_row(n), and each run of 8 value columns (8 consecutive
+// slots of one selected block or of the own run, hence 8 consecutive staged keys) copies 8 bytes
+// of each transposed value row.
+__device__ __forceinline__ void sparse_producer_loop(const Fp8SparseParams& p, uint32_t stage_tiles,
+                                                     int* table, int kv_head, int blocks,
+                                                     const SparseKeys& keys) {
+  constexpr int kKeyChunks = kHeadDim / 16;                         // 16-byte chunks of a key row
+  constexpr int kKeyRowsPerPass = kProducerThreads / kKeyChunks;    // 16
+  constexpr int kValueRuns = kBlockN / kValueRun;                   // 8-byte runs of a value row
+  constexpr int kValueRowsPerPass = kProducerThreads / kValueRuns;  // 8
+  const int producer = threadIdx.x - kConsumerThreads;
+  const int key_lane = producer / kKeyChunks, key_chunk = producer % kKeyChunks;
+  const int key_slot = slot_of_key_row(key_lane);
+  const uint8_t* k_thread =
+      p.k + static_cast<int64_t>(kv_head) * p.stride * kHeadDim + key_chunk * 16;
+  const uint32_t key_offset = key_lane * 128 + ((key_chunk ^ (key_lane & 7)) << 4);
+  const int value_lane = producer / kValueRuns, value_run = producer % kValueRuns;
+  const uint8_t* v_thread =
+      p.vt + (static_cast<int64_t>(kv_head) * kHeadDim + value_lane) * p.stride;
+  // Value row value_lane + 8 * pass: its swizzle (row mod 8) is the same in every pass.
+  const uint32_t value_offset =
+      value_lane * 128 + (((value_run >> 1) ^ (value_lane & 7)) << 4) + (value_run & 1) * 8;
+  int next_row = keys.key_row(producer);
+  for (int block = 0; block < blocks; ++block) {
+    const int stage = block % kStages;
+    int* rows = table + (block & 1) * kBlockN;
+    rows[producer] = next_row;
+    named_barrier_sync(kTableBarrier, kProducerThreads);
+    if (block >= kStages) named_barrier_sync(kEmptyBarrier + stage, kThreads);
+    if (block + 1 < blocks) next_row = keys.key_row((block + 1) * kBlockN + producer);
+    const uint32_t k_tile = stage_tiles + stage * kStageBytes;
+    const uint32_t v_tile = k_tile + kTileBytes;
+#pragma unroll 4
+    for (int pass = 0; pass < kBlockN / kKeyRowsPerPass; ++pass) {
+      // Slots past the end (row -1) are masked; zero-filled so that 0 * V stays finite.
+      const int row = rows[pass * kKeyRowsPerPass + key_slot];
+      cp_async_16(k_tile + key_offset + pass * kKeyRowsPerPass * 128,
+                  k_thread + static_cast<int64_t>(row >= 0 ? row : 0) * kHeadDim,
+                  row >= 0 ? 16 : 0);
+    }
+    const int run_row = rows[value_run * kValueRun];
+    const uint8_t* v_source = v_thread + (run_row >= 0 ? run_row : 0);
+#pragma unroll 4
+    for (int pass = 0; pass < kHeadDim / kValueRowsPerPass; ++pass) {
+      cp_async_8(v_tile + value_offset + pass * kValueRowsPerPass * 128,
+                 v_source + static_cast<int64_t>(pass) * kValueRowsPerPass * p.stride,
+                 run_row >= 0 ? 8 : 0);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();
+    hand_over_stage(stage);
+  }
+}
+
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-__global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8FlashParams p) {
+template <bool kSparse>
+__global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8KernelParams<kSparse> p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kTilesD = kHeadDim / 8;
   extern __shared__ __align__(1024) uint8_t shared_raw[];
@@ -212,17 +295,32 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8FlashPa
   float* q_scales =
       reinterpret_cast<float*>(shared_raw + (stage_tiles + kStages * kStageBytes - base));
 
-  const int2 origin = prefill_tile_origin<false>(p.kv_heads, kBlockM);
+  const int2 origin = prefill_tile_origin<kSparse>(p.kv_heads, kBlockM);
   const int kv_head = origin.x, row0 = origin.y;
   const int group = p.group;
   const int last_row = min(row0 + kBlockM, p.rows) - 1;
   const int min_position = p.first_position + row0 / group;
   const int max_position = p.first_position + last_row / group;
-  const int blocks = (max_position + kBlockN) / kBlockN;
+  // Key slots: position x sits in slot x + shift (0 when dense), as in the bf16 kernels.
+  SparseKeys keys;
+  int shift = 0;
+  if constexpr (kSparse) {
+    keys = sparse_keys(p, kv_head, min_position, max_position);
+    shift = keys.shift();
+    if (threadIdx.x == 0) count_tile_keys(p, keys, group, row0, last_row, p.first_position);
+  }
+  const int blocks = (max_position + shift + kBlockN) / kBlockN;
 
   if (threadIdx.x >= kConsumerThreads) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
-    producer_loop(p, stage_tiles, kv_head, blocks);
+    if constexpr (kSparse) {
+      sparse_producer_loop(
+          p, stage_tiles,
+          reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(q_scales) + kScalesBytes), kv_head,
+          blocks, keys);
+    } else {
+      producer_loop(p, stage_tiles, kv_head, blocks);
+    }
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
@@ -278,8 +376,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8FlashPa
 
   const int local_a = warpgroup * 64 + warp_in_group * 16 + lane / 4;
   const int row_a = row0 + local_a, row_b = row_a + 8;
-  const int position_a = p.first_position + row_a / group;
-  const int position_b = p.first_position + row_b / group;
+  const int position_a = p.first_position + row_a / group + shift;  // last slot row a sees
+  const int position_b = p.first_position + row_b / group + shift;
   const uint32_t q_rows = q_tile + warpgroup * 64 * 128;
   const float key_scale = scale_of(p.amax[kv_head]);
   const float value_scale = scale_of(p.amax[p.kv_heads + kv_head]);
@@ -292,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8FlashPa
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
   float s[kBlockN / 2];
   uint32_t pa[kBlockN / 32][4];
-  WgmmaRowSoftmax<8> rows;
+  WgmmaRowSoftmax<8, Fp8KeyOrder> rows;
 
   auto issue_scores = [&](int block) {
     const uint32_t k_tile = stage_tiles + (block % kStages) * kStageBytes;
@@ -324,11 +422,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8FlashPa
   // Per-row scales; the weights come out 256 times too large (exponents shifted by 8), and so do
   // the sums, so that P's E4M3 codes stay normal.
   auto softmax = [&](int block) {
-    rows.update(s, block * kBlockN, (block + 1) * kBlockN - 1 > min_position, position_a,
+    rows.update(s, block * kBlockN, (block + 1) * kBlockN - 1 > min_position + shift, position_a,
                 position_b, t, scale_a, scale_b);
   };
-  // Rescale O, and pack S into P's A fragments: per 32 keys, a thread's scores of keys 2t, 2t+1,
-  // 8+2t, 9+2t (and 16 more) are A columns 4t .. 4t+3 (and 16 more), the staged values' order.
+  // Rescale O, and pack S into P's A fragments: per group of 32, a thread's scores in columns 2t,
+  // 2t+1, 8+2t, 9+2t (and 16 more) hold slots 4t .. 4t+3 (and 16 more), its A columns.
   auto rescale_and_pack = [&] {
     rows.rescale(o);
 #pragma unroll
@@ -430,9 +528,11 @@ void stage_fp8_keys(const bf16* key_cache, const bf16* value_cache, int64_t cach
   check_launch("stage_fp8_keys_kernel");
 }
 
-void flash_prefill_fp8(const bf16* q, const Fp8StagedKeys& staged, const FlashShape& shape,
-                       bf16* out, cudaStream_t stream) {
-  const std::string prefix = "FP8 attention: ";
+namespace {
+
+// The dense kernel's parameters for a call, checked; Error naming what does not fit.
+detail::Fp8FlashParams fp8_params(const bf16* q, const Fp8StagedKeys& staged,
+                                  const FlashShape& shape, bf16* out, const std::string& prefix) {
   if (!fp8_attention_available()) throw Error(prefix + "needs a Hopper GPU and a build for sm_90a");
   if (shape.head_dim != detail::kHeadDim)
     throw Error(prefix + "head_dim " + std::to_string(shape.head_dim) + " (only 128 is supported)");
@@ -445,7 +545,6 @@ void flash_prefill_fp8(const bf16* q, const Fp8StagedKeys& staged, const FlashSh
   if (shape.device_position != nullptr) throw Error(prefix + "runs prompt queries only");
   if (shape.first_position + shape.tokens > staged.stride)
     throw Error(prefix + "queries see keys past the staged " + std::to_string(staged.stride));
-  if (shape.tokens == 0) return;
   detail::Fp8FlashParams p;
   p.q = q;
   p.k = staged.keys;
@@ -461,17 +560,67 @@ void flash_prefill_fp8(const bf16* q, const Fp8StagedKeys& staged, const FlashSh
   p.first_position = static_cast<int>(shape.first_position);
   const float scale = shape.scale != 0.0f ? shape.scale : 1.0f / std::sqrt(128.0f);
   p.scale_log2 = scale * 1.4426950408889634f;
+  return p;
+}
+
+template <bool kSparse>
+void launch_fp8(const detail::Fp8KernelParams<kSparse>& p, cudaStream_t stream) {
+  constexpr int kSharedBytes = kSparse ? detail::kSparseSharedBytes : detail::kSharedBytes;
   static const bool configured = [] {
-    check(cudaFuncSetAttribute(detail::flash_fp8_kernel,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, detail::kSharedBytes),
+    check(cudaFuncSetAttribute(detail::flash_fp8_kernel<kSparse>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
           "cudaFuncSetAttribute(flash_fp8_kernel)");
     return true;
   }();
   (void)configured;
   const int64_t row_blocks = (static_cast<int64_t>(p.rows) + detail::kBlockM - 1) / detail::kBlockM;
-  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(shape.kv_heads));
-  detail::flash_fp8_kernel<<<grid, detail::kThreads, detail::kSharedBytes, stream>>>(p);
-  check_launch("flash_fp8_kernel");
+  const dim3 grid = kSparse ? dim3(static_cast<unsigned>(row_blocks * p.kv_heads))
+                            : dim3(static_cast<unsigned>(row_blocks), p.kv_heads);
+  detail::flash_fp8_kernel<kSparse><<<grid, detail::kThreads, kSharedBytes, stream>>>(p);
+  check_launch(kSparse ? "flash_fp8_kernel (block-sparse)" : "flash_fp8_kernel");
+}
+
+}  // namespace
+
+void flash_prefill_fp8(const bf16* q, const Fp8StagedKeys& staged, const FlashShape& shape,
+                       bf16* out, cudaStream_t stream) {
+  const detail::Fp8FlashParams p = fp8_params(q, staged, shape, out, "FP8 attention: ");
+  if (shape.tokens == 0) return;
+  launch_fp8<false>(p, stream);
+}
+
+bool fp8_block_sparse_fits(const DevicePrefillPlan& plan, int64_t q_heads, int64_t kv_heads) {
+  if (plan.dense) return true;
+  return kv_heads > 0 && plan.block_size % detail::kValueRun == 0 &&
+         plan.segment_size % detail::kValueRun == 0 &&
+         detail::sparse_tile_rows_fit(plan, q_heads / kv_heads, detail::kBlockM);
+}
+
+void flash_prefill_block_sparse_fp8(const bf16* q, const Fp8StagedKeys& staged,
+                                    const FlashShape& shape, const DevicePrefillPlan& plan,
+                                    bf16* out, cudaStream_t stream, unsigned long long* keys_read) {
+  const std::string prefix = "FP8 block-sparse attention: ";
+  if (plan.dense) {
+    flash_prefill_fp8(q, staged, shape, out, stream);
+    return;
+  }
+  detail::Fp8SparseParams p;
+  static_cast<detail::Fp8FlashParams&>(p) = fp8_params(q, staged, shape, out, prefix);
+  static_cast<detail::SparsePlanFields&>(p) =
+      detail::sparse_plan_fields(shape, plan, keys_read, prefix);
+  if (plan.block_size % detail::kValueRun != 0 || plan.segment_size % detail::kValueRun != 0) {
+    throw Error(prefix + "block size " + std::to_string(plan.block_size) + " and segment size " +
+                std::to_string(plan.segment_size) + " must be multiples of " +
+                std::to_string(detail::kValueRun) + " (values are copied in runs of " +
+                std::to_string(detail::kValueRun) + " keys)");
+  }
+  if (!detail::sparse_tile_rows_fit(plan, p.group, detail::kBlockM)) {
+    throw Error(prefix + detail::sparse_tile_rows_rule(plan, p.group) +
+                std::to_string(detail::kBlockM) +
+                ", so that every tile of rows lies in one segment");
+  }
+  if (shape.tokens == 0) return;
+  launch_fp8<true>(p, stream);
 }
 
 }  // namespace entropyinfer::cuda

@@ -4,10 +4,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "backends/cuda/cuda_common.h"
 #include "backends/cuda/dependent_launch.cuh"
+#include "backends/cuda/device_plans.h"
+#include "backends/cuda/flash_attention.h"
 
 namespace entropyinfer::cuda::detail {
 
@@ -37,10 +40,9 @@ struct FlashParams {
   float scale_log2 = 0.0f;  // softmax scale times log2(e)
 };
 
-// The block-sparse prefill's parameters: the DevicePrefillPlan's arrays (device memory; rows r =
-// kv_head * num_segments + segment of the CSR list of selected key blocks). A type of its own so
-// that the dense kernels' parameters, and hence their code, stay as they were.
-struct SparseFlashParams : FlashParams {
+// A block-sparse prefill plan as the kernels read it: the DevicePrefillPlan's arrays (device
+// memory; rows r = kv_head * num_segments + segment of the CSR list of selected key blocks).
+struct SparsePlanFields {
   const uint8_t* segment_sparse = nullptr;
   const int32_t* row_offsets = nullptr;
   const int32_t* block_indices = nullptr;
@@ -50,6 +52,10 @@ struct SparseFlashParams : FlashParams {
   // When set, each tile adds the (packed row, key) pairs its mask admits: the keys it read.
   unsigned long long* keys_read = nullptr;
 };
+
+// The block-sparse prefill's parameters. A type of its own so that the dense kernels' parameters,
+// and hence their code, stay as they are.
+struct SparseFlashParams : FlashParams, SparsePlanFields {};
 
 template <bool kSparse>
 using KernelParams = std::conditional_t<kSparse, SparseFlashParams, FlashParams>;
@@ -62,6 +68,15 @@ void launch_wgmma_sparse_prefill(const SparseFlashParams& params, int head_dim, 
                                  cudaStream_t stream);
 bool wgmma_kernel_compiled();
 
+// Checks a block-sparse prefill call against its (not dense) plan and returns the plan's fields for
+// the kernels; Error naming the mismatch. Every tile of kTileRows packed rows must lie in one
+// segment: segment_size * group must be a multiple of tile_rows, which check_sparse_tile_rows tests
+// (`kernel` names the kernel in its message).
+SparsePlanFields sparse_plan_fields(const FlashShape& shape, const DevicePrefillPlan& plan,
+                                    unsigned long long* keys_read, const std::string& prefix);
+bool sparse_tile_rows_fit(const DevicePrefillPlan& plan, int64_t group, int64_t tile_rows);
+std::string sparse_tile_rows_rule(const DevicePrefillPlan& plan, int64_t group);
+
 // ------------------------------------------------------------------------------------------------
 // Device helpers
 
@@ -72,6 +87,12 @@ __device__ __forceinline__ uint32_t shared_address(const void* pointer) {
 // 16-byte asynchronous copy global -> shared; bytes < 16 zero-fills the rest (0 writes zeros only).
 __device__ __forceinline__ void cp_async_16(uint32_t shared, const void* global, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared), "l"(global),
+               "r"(bytes)
+               : "memory");
+}
+// The same for 8 bytes (both addresses 8-byte aligned).
+__device__ __forceinline__ void cp_async_8(uint32_t shared, const void* global, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(shared), "l"(global),
                "r"(bytes)
                : "memory");
 }
@@ -274,7 +295,7 @@ struct SparseKeys {
 // The sequence of the tile whose packed rows start at token first_token and end at last_token
 // (both in one segment; the plan is not dense). Rows of dense segments are empty in the plan, but
 // only segment_sparse decides: a dense segment reads all keys 0 .. last_token.
-__host__ __device__ __forceinline__ SparseKeys sparse_keys(const SparseFlashParams& p, int kv_head,
+__host__ __device__ __forceinline__ SparseKeys sparse_keys(const SparsePlanFields& p, int kv_head,
                                                            int first_token, int last_token) {
   const int segment = first_token / p.segment_size;
   const int row = kv_head * p.num_segments + segment;
@@ -291,14 +312,21 @@ __host__ __device__ __forceinline__ SparseKeys sparse_keys(const SparseFlashPara
   return keys;
 }
 
+// Which key slot each fp32 score of a wgmma consumer thread holds. The accumulator of S holds, per
+// 8-column tile j, columns 8j + 2t and 8j + 2t + 1 (t: the thread's place in its quad); slot() is
+// the slot of the first, the second is the next slot. In natural order column n is slot n.
+struct NaturalKeyOrder {
+  __device__ __forceinline__ static int slot(int j, int t) { return 8 * j + 2 * t; }
+};
+
 // The online softmax of a thread of a wgmma consumer warpgroup (both prefill kernels). Its fp32
-// scores hold, per 8-key column tile j, slots 8j + 2t and 8j + 2t + 1 of its rows a (s[4j],
-// s[4j+1]) and b (s[4j+2], s[4j+3]). update() masks the slots past each row's last (when
+// scores hold, per 8-column tile j, the slots KeyOrder::slot(j, t) and the next of its rows a
+// (s[4j], s[4j+1]) and b (s[4j+2], s[4j+3]). update() masks the slots past each row's last (when
 // `masked`), moves the rows' running maxima (scores times scale_a / scale_b) and sums, and
 // exponentiates the scores in place; rescale() then scales O by the factors that update() left.
 // kExponentShift raises every exponent and so every weight and sum by 2^kExponentShift (the FP8
 // kernel's 8 keeps its weights normal in E4M3; O and the sums carry it alike).
-template <int kExponentShift>
+template <int kExponentShift, class KeyOrder = NaturalKeyOrder>
 struct WgmmaRowSoftmax {
   float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
   float rescale_a = 1.0f, rescale_b = 1.0f;
@@ -311,7 +339,7 @@ struct WgmmaRowSoftmax {
     if (masked) {
 #pragma unroll
       for (int j = 0; j < kTilesN; ++j) {
-        const int key = first_slot + 8 * j + 2 * t;
+        const int key = first_slot + KeyOrder::slot(j, t);
         if (key > last_a) s[4 * j] = -INFINITY;
         if (key + 1 > last_a) s[4 * j + 1] = -INFINITY;
         if (key > last_b) s[4 * j + 2] = -INFINITY;
@@ -390,12 +418,13 @@ __device__ __forceinline__ int2 prefill_tile_origin(int kv_heads, int block_m) {
 // The (packed row, key) pairs a sparse tile's mask admits: a row at position pos sees slots
 // 0 .. pos + shift. Added once per tile to p.keys_read when counting; each kernel calls it from
 // one thread.
-__device__ __forceinline__ void count_tile_keys(const SparseFlashParams& p, const SparseKeys& keys,
-                                                int row0, int last_row, int first_position) {
+__device__ __forceinline__ void count_tile_keys(const SparsePlanFields& p, const SparseKeys& keys,
+                                                int group, int row0, int last_row,
+                                                int first_position) {
   if (p.keys_read == nullptr) return;
   unsigned long long pairs = 0;
   for (int row = row0; row <= last_row; ++row)
-    pairs += static_cast<unsigned long long>(first_position + row / p.group + keys.shift() + 1);
+    pairs += static_cast<unsigned long long>(first_position + row / group + keys.shift() + 1);
   atomicAdd(p.keys_read, pairs);
 }
 

@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const KernelPa
   if constexpr (kSparse) {
     keys = sparse_keys(p, kv_head, min_position, max_position);
     shift = keys.shift();
-    if (threadIdx.x == 0) count_tile_keys(p, keys, row0, last_row, p.first_position);
+    if (threadIdx.x == 0) count_tile_keys(p, keys, group, row0, last_row, p.first_position);
   }
   const int blocks = (max_position + shift + kBlockN) / kBlockN;
 

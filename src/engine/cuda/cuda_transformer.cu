@@ -498,7 +498,8 @@ struct CudaTransformer::State {
   bool fp8_cache = false;
   // CudaModelOptions::prompt_attention in FP8, where it runs: a layer's keys and values are staged
   // as codes before its prompt attention (fp8_staged_layer: the layer of the layer-major pass
-  // whose whole prompt is staged, or -1).
+  // whose whole prompt is staged, or -1). The estimate keeps reading the bf16 slabs; a sparse
+  // plan the FP8 kernel cannot run (fp8_block_sparse_fits) leaves its layer in bf16.
   bool fp8_attention = false;
   DeviceBuffer<uint8_t> fp8_staged_codes;
   DeviceBuffer<float> fp8_staged_amax;
@@ -1471,7 +1472,7 @@ struct CudaTransformer::State {
     }
     store_fp8_rows(index, n);
     fp8_staged_layer = -1;
-    if (fp8_attention && !estimator) {
+    if (fp8_attention && fp8_block_sparse_fits(pass.plan, config.num_heads, config.num_kv_heads)) {
       const auto timed = stages.scope(Stage::kCacheWrites, stream);
       stage_fp8_keys(pass_keys(index), pass_values(index), context, w.head_dim, n, fp8_staged,
                      stream);
@@ -1512,19 +1513,18 @@ struct CudaTransformer::State {
     const bf16* q = prompt_q.data() + first * w.q;
     bf16* out = prompt_attention.data() + first * w.q;
     pass.attention_timer.start(stream);
-    if (estimator) {
-      if (pass.plan.dense) {
-        pass.host_keys += keys;
-      } else {  // the kernel counts the keys it reads under a sparse plan
-        pass.sparse_layers_dense_keys += keys;
-      }
+    if (pass.plan.dense) {
+      pass.host_keys += keys;
+    } else {  // the kernel counts the keys it reads under a sparse plan
+      pass.sparse_layers_dense_keys += keys;
+    }
+    if (fp8_staged_layer == index) {
+      flash_prefill_block_sparse_fp8(q, fp8_staged, shape, pass.plan, out, stream,
+                                     key_counters.data());
+    } else if (estimator) {
       flash_prefill_block_sparse(q, pass_keys(index), pass_values(index), shape, pass.plan, out,
                                  stream, FlashKernel::kAuto, key_counters.data());
-    } else if (fp8_staged_layer == index) {
-      pass.host_keys += keys;
-      flash_prefill_fp8(q, fp8_staged, shape, out, stream);
     } else {
-      pass.host_keys += keys;
       flash_prefill(q, pass_keys(index), pass_values(index), shape, out, stream);
     }
     pass.attention_timer.stop(stream);

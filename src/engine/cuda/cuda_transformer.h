@@ -62,10 +62,12 @@ struct CudaModelOptions {
   // staging slab (FP8 prompt attention, see prompt_attention, quantizes them again with a scale
   // per KV head); decode reads the codes (ragged_decode_fp8).
   bool fp8_kv_cache = false;
-  // Full-attention prompt attention in FP8 (flash_prefill_fp8: Q, K, V and the softmax weights in
-  // E4M3 on the FP8 tensor cores) where it can run: a Hopper build and device, head_dim 128.
-  // Elsewhere, and for the sparse prefill methods, prompt attention stays bf16. kAuto: FP8 with
-  // the FP8 cache, as vLLM's FP8 cache runs FlashAttention-3 in FP8.
+  // Prompt attention in FP8 (flash_prefill_fp8 and, for the sparse prefill methods,
+  // flash_prefill_block_sparse_fp8: Q, K, V and the softmax weights in E4M3 on the FP8 tensor
+  // cores) where it can run: a Hopper build and device, head_dim 128, and for a sparse plan blocks
+  // and segments of multiples of 8 keys. Elsewhere prompt attention stays bf16. The prefill
+  // estimate reads bf16 keys either way. kAuto: FP8 with the FP8 cache, as vLLM's FP8 cache runs
+  // FlashAttention-3 in FP8.
   enum class PromptAttention { kAuto, kBf16, kFp8 };
   PromptAttention prompt_attention = PromptAttention::kAuto;
 };
