@@ -70,7 +70,7 @@ int run_attention_bench(int argc, char** argv) {
     }
 
     if (listed.find(",fp8,") != std::string::npos && cuda::fp8_attention_available() &&
-        dims.head_dim == 128) {
+        cuda::fp8_attention_supports_head_dim(dims.head_dim)) {
       Fp8StagedInputs fp8(inputs, stream);
       const Timing staging = time_runs([&] { fp8.stage(inputs, stream); }, stream);
       const Timing timing = time_runs(

@@ -42,24 +42,17 @@
 namespace entropyinfer {
 namespace {
 
-constexpr int kHeadDim = 128;
-
-struct StagedHost {
-  std::vector<uint8_t> keys, values;
-  std::vector<float> amax;
-};
-
 struct Staging {
   int64_t stride;
   cuda::DeviceBuffer<uint8_t> codes;
   cuda::DeviceBuffer<float> amax;
   cuda::Fp8StagedKeys staged;
-  Staging(int64_t kv_heads, int64_t keys)
+  Staging(int64_t kv_heads, int64_t keys, int64_t head_dim)
       : stride(cuda::fp8_staged_stride(keys)),
-        codes(cuda::fp8_staged_code_bytes(kv_heads, kHeadDim, keys)),
+        codes(cuda::fp8_staged_code_bytes(kv_heads, head_dim, keys)),
         amax(static_cast<size_t>(2 * kv_heads)) {
     staged.keys = codes.data();
-    staged.values = codes.data() + kv_heads * stride * kHeadDim;
+    staged.values = codes.data() + kv_heads * stride * head_dim;
     staged.amax = amax.data();
     staged.kv_heads = kv_heads;
     staged.stride = stride;
@@ -67,51 +60,54 @@ struct Staging {
 };
 
 float largest_magnitude(const std::vector<float>& x, int64_t head, int64_t cache_stride,
-                        int64_t keys) {
+                        int64_t keys, int64_t head_dim) {
   float amax = 0.0f;
-  for (int64_t i = 0; i < keys * kHeadDim; ++i)
-    amax = std::max(amax, std::fabs(x[head * cache_stride * kHeadDim + i]));
+  for (int64_t i = 0; i < keys * head_dim; ++i)
+    amax = std::max(amax, std::fabs(x[head * cache_stride * head_dim + i]));
   return amax;
 }
 
 TEST(CudaFp8Attention, StagingFollowsTheHostRulesAndLayout) {
   ENTROPYINFER_REQUIRE_GPU();
-  const int64_t kv_heads = 3, keys = 300, cache_stride = 310;
-  const auto k = gpu_test::random_bf16_values(kv_heads * cache_stride * kHeadDim, 11, 3.0f);
-  const auto v = gpu_test::random_bf16_values(k.size(), 12, 0.5f);
-  auto k_gpu = gpu_test::upload_bf16(k), v_gpu = gpu_test::upload_bf16(v);
-  Staging staging(kv_heads, keys);
-  ASSERT_EQ(staging.stride, 384);
-  cuda::check(cudaMemset(staging.codes.data(), 0x5a, staging.codes.bytes()), "cudaMemset");
-  cuda::stage_fp8_keys(k_gpu.data(), v_gpu.data(), cache_stride, kHeadDim, keys, staging.staged,
-                       nullptr);
-  cuda::check(cudaDeviceSynchronize(), "staging");
-  const auto codes = gpu_test::download(staging.codes);
-  const auto amax = gpu_test::download(staging.amax);
-  const uint8_t* key_codes = codes.data();
-  const uint8_t* value_codes = codes.data() + kv_heads * staging.stride * kHeadDim;
-  for (int64_t h = 0; h < kv_heads; ++h) {
-    const float key_amax = largest_magnitude(k, h, cache_stride, keys);
-    const float value_amax = largest_magnitude(v, h, cache_stride, keys);
-    ASSERT_EQ(amax[h], key_amax) << "head " << h;
-    ASSERT_EQ(amax[kv_heads + h], value_amax) << "head " << h;
-    const float key_scale = fp8_weight_scale(key_amax);
-    const float value_scale = fp8_weight_scale(value_amax);
-    for (int64_t key = 0; key < staging.stride; ++key) {
-      for (int d = 0; d < kHeadDim; ++d) {
-        const size_t source = (h * cache_stride + key) * kHeadDim + d;
-        const uint8_t expected = key < keys ? f32_to_fp8_e4m3(k[source] / key_scale) : 0;
-        ASSERT_EQ(key_codes[(h * staging.stride + key) * kHeadDim + d], expected)
-            << "key " << key << " of head " << h << ", column " << d;
-      }
-    }
-    for (int d = 0; d < kHeadDim; ++d) {
+  for (const int head_dim : {128, 64}) {
+    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
+    const int64_t kv_heads = 3, keys = 300, cache_stride = 310;
+    const auto k = gpu_test::random_bf16_values(kv_heads * cache_stride * head_dim, 11, 3.0f);
+    const auto v = gpu_test::random_bf16_values(k.size(), 12, 0.5f);
+    auto k_gpu = gpu_test::upload_bf16(k), v_gpu = gpu_test::upload_bf16(v);
+    Staging staging(kv_heads, keys, head_dim);
+    ASSERT_EQ(staging.stride, 384);
+    cuda::check(cudaMemset(staging.codes.data(), 0x5a, staging.codes.bytes()), "cudaMemset");
+    cuda::stage_fp8_keys(k_gpu.data(), v_gpu.data(), cache_stride, head_dim, keys, staging.staged,
+                         nullptr);
+    cuda::check(cudaDeviceSynchronize(), "staging");
+    const auto codes = gpu_test::download(staging.codes);
+    const auto amax = gpu_test::download(staging.amax);
+    const uint8_t* key_codes = codes.data();
+    const uint8_t* value_codes = codes.data() + kv_heads * staging.stride * head_dim;
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const float key_amax = largest_magnitude(k, h, cache_stride, keys, head_dim);
+      const float value_amax = largest_magnitude(v, h, cache_stride, keys, head_dim);
+      ASSERT_EQ(amax[h], key_amax) << "head " << h;
+      ASSERT_EQ(amax[kv_heads + h], value_amax) << "head " << h;
+      const float key_scale = fp8_weight_scale(key_amax);
+      const float value_scale = fp8_weight_scale(value_amax);
       for (int64_t key = 0; key < staging.stride; ++key) {
-        const uint8_t expected =
-            key < keys ? f32_to_fp8_e4m3(v[(h * cache_stride + key) * kHeadDim + d] / value_scale)
-                       : 0;
-        ASSERT_EQ(value_codes[(h * kHeadDim + d) * staging.stride + key], expected)
-            << "value of key " << key << " of head " << h << ", dim " << d;
+        for (int d = 0; d < head_dim; ++d) {
+          const size_t source = (h * cache_stride + key) * head_dim + d;
+          const uint8_t expected = key < keys ? f32_to_fp8_e4m3(k[source] / key_scale) : 0;
+          ASSERT_EQ(key_codes[(h * staging.stride + key) * head_dim + d], expected)
+              << "key " << key << " of head " << h << ", column " << d;
+        }
+      }
+      for (int d = 0; d < head_dim; ++d) {
+        for (int64_t key = 0; key < staging.stride; ++key) {
+          const uint8_t expected =
+              key < keys ? f32_to_fp8_e4m3(v[(h * cache_stride + key) * head_dim + d] / value_scale)
+                         : 0;
+          ASSERT_EQ(value_codes[(h * head_dim + d) * staging.stride + key], expected)
+              << "value of key " << key << " of head " << h << ", dim " << d;
+        }
       }
     }
   }
@@ -124,11 +120,13 @@ struct Case {
   int first_position;
   int extra_q_stride = 0;
   int extra_out_stride = 0;
+  int head_dim = 128;
 };
 
 std::string describe(const Case& c) {
-  return std::to_string(c.q_heads) + "/" + std::to_string(c.kv_heads) + " heads, " +
-         std::to_string(c.tokens) + " tokens after " + std::to_string(c.first_position);
+  return "head_dim " + std::to_string(c.head_dim) + ", " + std::to_string(c.q_heads) + "/" +
+         std::to_string(c.kv_heads) + " heads, " + std::to_string(c.tokens) + " tokens after " +
+         std::to_string(c.first_position);
 }
 
 // Random bf16 inputs of a case on both sides: the GPU stages them, and the host holds them as the
@@ -146,32 +144,34 @@ struct QuantizedInputs {
       : shape_case(c),
         keys(c.first_position + c.tokens),
         cache_stride(keys + 5),
-        q_stride(static_cast<int64_t>(c.q_heads) * kHeadDim + c.extra_q_stride),
-        out_stride(static_cast<int64_t>(c.q_heads) * kHeadDim + c.extra_out_stride),
-        staging(c.kv_heads, keys) {
+        q_stride(static_cast<int64_t>(c.q_heads) * c.head_dim + c.extra_q_stride),
+        out_stride(static_cast<int64_t>(c.q_heads) * c.head_dim + c.extra_out_stride),
+        staging(c.kv_heads, keys, c.head_dim) {
+    const int64_t head_dim = c.head_dim;
     const auto q =
         gpu_test::random_bf16_values(static_cast<size_t>(c.tokens) * q_stride, seed, 2.0f);
     const auto k = gpu_test::random_bf16_values(
-        static_cast<size_t>(c.kv_heads) * cache_stride * kHeadDim, seed + 1);
+        static_cast<size_t>(c.kv_heads) * cache_stride * head_dim, seed + 1);
     const auto v = gpu_test::random_bf16_values(k.size(), seed + 2, 1.0f, /*uniform=*/true);
-    q_packed.resize(static_cast<size_t>(c.tokens) * c.q_heads * kHeadDim);
+    q_packed.resize(static_cast<size_t>(c.tokens) * c.q_heads * head_dim);
     for (int t = 0; t < c.tokens; ++t) {
       for (int h = 0; h < c.q_heads; ++h) {
-        const float* row = q.data() + t * q_stride + h * kHeadDim;
-        float* packed = q_packed.data() + (static_cast<size_t>(t) * c.q_heads + h) * kHeadDim;
-        std::copy_n(row, kHeadDim, packed);
-        fp8_kv_round_trip_row(packed, kHeadDim);
+        const float* row = q.data() + t * q_stride + h * head_dim;
+        float* packed = q_packed.data() + (static_cast<size_t>(t) * c.q_heads + h) * head_dim;
+        std::copy_n(row, head_dim, packed);
+        fp8_kv_round_trip_row(packed, head_dim);
       }
     }
     k_quantized = k;
     v_quantized = v;
     for (int h = 0; h < c.kv_heads; ++h) {
-      const float key_scale = fp8_weight_scale(largest_magnitude(k, h, cache_stride, keys));
-      const float value_amax = largest_magnitude(v, h, cache_stride, keys);
+      const float key_scale =
+          fp8_weight_scale(largest_magnitude(k, h, cache_stride, keys, head_dim));
+      const float value_amax = largest_magnitude(v, h, cache_stride, keys, head_dim);
       value_amax_all = std::max(value_amax_all, value_amax);
       const float value_scale = fp8_weight_scale(value_amax);
-      for (int64_t i = 0; i < keys * kHeadDim; ++i) {
-        const size_t index = h * cache_stride * kHeadDim + i;
+      for (int64_t i = 0; i < keys * head_dim; ++i) {
+        const size_t index = h * cache_stride * head_dim + i;
         k_quantized[index] = fp8_round_trip(k[index], key_scale);
         v_quantized[index] = fp8_round_trip(v[index], value_scale);
       }
@@ -179,7 +179,7 @@ struct QuantizedInputs {
     q_gpu = gpu_test::upload_bf16(q);
     k_gpu = gpu_test::upload_bf16(k);
     v_gpu = gpu_test::upload_bf16(v);
-    cuda::stage_fp8_keys(k_gpu.data(), v_gpu.data(), cache_stride, kHeadDim, keys, staging.staged,
+    cuda::stage_fp8_keys(k_gpu.data(), v_gpu.data(), cache_stride, head_dim, keys, staging.staged,
                          nullptr);
   }
 
@@ -188,10 +188,10 @@ struct QuantizedInputs {
     shape.tokens = shape_case.tokens;
     shape.q_heads = shape_case.q_heads;
     shape.kv_heads = shape_case.kv_heads;
-    shape.head_dim = kHeadDim;
+    shape.head_dim = shape_case.head_dim;
     shape.first_position = shape_case.first_position;
     shape.cache_stride = cache_stride;
-    shape.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+    shape.scale = 1.0f / std::sqrt(static_cast<float>(shape_case.head_dim));
     return shape;
   }
   cuda::FlashShape gpu_shape() const {
@@ -199,7 +199,7 @@ struct QuantizedInputs {
     shape.tokens = shape_case.tokens;
     shape.q_heads = shape_case.q_heads;
     shape.kv_heads = shape_case.kv_heads;
-    shape.head_dim = kHeadDim;
+    shape.head_dim = shape_case.head_dim;
     shape.first_position = shape_case.first_position;
     shape.q_token_stride = q_stride;
     shape.out_token_stride = out_stride;
@@ -215,7 +215,7 @@ struct QuantizedInputs {
     cuda::check(cudaDeviceSynchronize(), "FP8 attention");
     const auto out_rows = gpu_test::download_bf16(out_gpu);
     std::vector<float> packed(q_packed.size());
-    const int64_t width = static_cast<int64_t>(shape_case.q_heads) * kHeadDim;
+    const int64_t width = static_cast<int64_t>(shape_case.q_heads) * shape_case.head_dim;
     for (int t = 0; t < shape_case.tokens; ++t) {
       std::copy_n(out_rows.begin() + t * out_stride, width, packed.begin() + t * width);
     }
@@ -257,9 +257,21 @@ TEST(CudaFp8Attention, PrefillMatchesTheCpuOverQuantizedInputs) {
   if (!cuda::fp8_attention_available())
     GTEST_SKIP() << "FP8 attention needs an sm_90a build on a Hopper GPU";
   const std::vector<Case> cases = {
-      {8, 2, 1, 0},     {8, 2, 37, 0},   {32, 8, 300, 0},   {8, 1, 513, 129},
-      {6, 2, 1000, 0},  {8, 8, 2048, 0}, {12, 4, 45, 3000}, {4, 2, 96, 64, 256, 128},
+      {8, 2, 1, 0},
+      {8, 2, 37, 0},
+      {32, 8, 300, 0},
+      {8, 1, 513, 129},
+      {6, 2, 1000, 0},
+      {8, 8, 2048, 0},
+      {12, 4, 45, 3000},
+      {4, 2, 96, 64, 256, 128},
       {16, 2, 700, 31},
+      // head_dim 64: half-used rows of Q and K, half the value tile
+      {8, 2, 37, 0, 0, 0, 64},
+      {32, 8, 300, 0, 0, 0, 64},
+      {8, 1, 513, 129, 0, 0, 64},
+      {12, 4, 45, 3000, 0, 0, 64},
+      {4, 2, 96, 64, 128, 64, 64},
   };
   uint32_t seed = 700;
   for (const Case& c : cases) run_case(c, seed += 3);
@@ -269,35 +281,39 @@ TEST(CudaFp8Attention, StaysCloseToBf16AttentionOnALongPrompt) {
   ENTROPYINFER_REQUIRE_GPU();
   if (!cuda::fp8_attention_available())
     GTEST_SKIP() << "FP8 attention needs an sm_90a build on a Hopper GPU";
-  const int tokens = 8192, q_heads = 32, kv_heads = 8;
-  const auto q =
-      gpu_test::random_bf16_values(static_cast<size_t>(tokens) * q_heads * kHeadDim, 900, 2.0f);
-  const auto k =
-      gpu_test::random_bf16_values(static_cast<size_t>(kv_heads) * tokens * kHeadDim, 901);
-  const auto v = gpu_test::random_bf16_values(k.size(), 902, 1.0f, true);
-  auto q_gpu = gpu_test::upload_bf16(q), k_gpu = gpu_test::upload_bf16(k),
-       v_gpu = gpu_test::upload_bf16(v);
-  cuda::DeviceBuffer<cuda::bf16> out_bf16(q.size()), out_fp8(q.size());
-  gpu_test::poison(out_fp8);
-  cuda::FlashShape shape;
-  shape.tokens = tokens;
-  shape.q_heads = q_heads;
-  shape.kv_heads = kv_heads;
-  shape.head_dim = kHeadDim;
-  shape.cache_stride = tokens;
-  Staging staging(kv_heads, tokens);
-  cuda::flash_prefill(q_gpu.data(), k_gpu.data(), v_gpu.data(), shape, out_bf16.data(), nullptr,
-                      cuda::FlashKernel::kWgmma);
-  cuda::stage_fp8_keys(k_gpu.data(), v_gpu.data(), tokens, kHeadDim, tokens, staging.staged,
-                       nullptr);
-  cuda::flash_prefill_fp8(q_gpu.data(), staging.staged, shape, out_fp8.data(), nullptr);
-  cuda::check(cudaDeviceSynchronize(), "attention kernels");
-  const auto difference =
-      gpu_test::compare(gpu_test::download_bf16(out_fp8), gpu_test::download_bf16(out_bf16));
-  EXPECT_EQ(difference.non_finite, 0);
-  EXPECT_LE(difference.relative_l2, 0.1);
-  std::printf("[fp8 attention] 8192 tokens against bf16: relative L2 %.2e, max |error| %.2e\n",
-              difference.relative_l2, difference.max_abs_error);
+  for (const int head_dim : {128, 64}) {
+    const int tokens = 8192, q_heads = 32, kv_heads = 8;
+    const auto q =
+        gpu_test::random_bf16_values(static_cast<size_t>(tokens) * q_heads * head_dim, 900, 2.0f);
+    const auto k =
+        gpu_test::random_bf16_values(static_cast<size_t>(kv_heads) * tokens * head_dim, 901);
+    const auto v = gpu_test::random_bf16_values(k.size(), 902, 1.0f, true);
+    auto q_gpu = gpu_test::upload_bf16(q), k_gpu = gpu_test::upload_bf16(k),
+         v_gpu = gpu_test::upload_bf16(v);
+    cuda::DeviceBuffer<cuda::bf16> out_bf16(q.size()), out_fp8(q.size());
+    gpu_test::poison(out_fp8);
+    cuda::FlashShape shape;
+    shape.tokens = tokens;
+    shape.q_heads = q_heads;
+    shape.kv_heads = kv_heads;
+    shape.head_dim = head_dim;
+    shape.cache_stride = tokens;
+    Staging staging(kv_heads, tokens, head_dim);
+    cuda::flash_prefill(q_gpu.data(), k_gpu.data(), v_gpu.data(), shape, out_bf16.data(), nullptr,
+                        cuda::FlashKernel::kWgmma);
+    cuda::stage_fp8_keys(k_gpu.data(), v_gpu.data(), tokens, head_dim, tokens, staging.staged,
+                         nullptr);
+    cuda::flash_prefill_fp8(q_gpu.data(), staging.staged, shape, out_fp8.data(), nullptr);
+    cuda::check(cudaDeviceSynchronize(), "attention kernels");
+    const auto difference =
+        gpu_test::compare(gpu_test::download_bf16(out_fp8), gpu_test::download_bf16(out_bf16));
+    EXPECT_EQ(difference.non_finite, 0) << "head_dim " << head_dim;
+    EXPECT_LE(difference.relative_l2, 0.1) << "head_dim " << head_dim;
+    std::printf(
+        "[fp8 attention] 8192 tokens, head_dim %d, against bf16: relative L2 %.2e, max |error| "
+        "%.2e\n",
+        head_dim, difference.relative_l2, difference.max_abs_error);
+  }
 }
 
 struct SparseCase {
@@ -338,15 +354,17 @@ TEST(CudaFp8Attention, BlockSparsePrefillMatchesTheCpuOverQuantizedInputs) {
   if (!cuda::fp8_attention_available())
     GTEST_SKIP() << "FP8 attention needs an sm_90a build on a Hopper GPU";
   const std::vector<SparseCase> cases = {
-      {{32, 8, 2100, 0}, 512, 8},           // the defaults (S 512, b 8) on a real head layout
-      {{8, 2, 1000, 0}, 128, 8},            // group 4: 512 rows per segment
-      {{4, 4, 777, 0}, 128, 16},            // group 1: one tile of rows per segment
-      {{8, 2, 1300, 0}, 512, 200},          // blocks longer than a key tile
-      {{8, 2, 500, 0}, 96, 16},             // 96-key segments: tiles mix selected and own keys
-      {{6, 2, 500, 0}, 128, 8},             // group 3: tiles of rows split a token's heads
-      {{8, 1, 300, 0}, 16, 8},              // group 8, 16-key segments
-      {{8, 2, 96, 0}, 32, 8},               // fewer tokens than a tile of rows
-      {{8, 2, 600, 0, 256, 128}, 128, 24},  // padded q and out rows
+      {{32, 8, 2100, 0}, 512, 8},            // the defaults (S 512, b 8) on a real head layout
+      {{8, 2, 1000, 0}, 128, 8},             // group 4: 512 rows per segment
+      {{4, 4, 777, 0}, 128, 16},             // group 1: one tile of rows per segment
+      {{8, 2, 1300, 0}, 512, 200},           // blocks longer than a key tile
+      {{8, 2, 500, 0}, 96, 16},              // 96-key segments: tiles mix selected and own keys
+      {{6, 2, 500, 0}, 128, 8},              // group 3: tiles of rows split a token's heads
+      {{8, 1, 300, 0}, 16, 8},               // group 8, 16-key segments
+      {{8, 2, 96, 0}, 32, 8},                // fewer tokens than a tile of rows
+      {{8, 2, 600, 0, 256, 128}, 128, 24},   // padded q and out rows
+      {{32, 8, 2100, 0, 0, 0, 64}, 512, 8},  // head_dim 64 (the shipped model's)
+      {{8, 2, 500, 0, 0, 0, 64}, 96, 16},
   };
   uint32_t seed = 800;
   for (const SparseCase& c : cases) {
@@ -428,14 +446,14 @@ TEST(CudaFp8Attention, BlockSparseRejectsPlansItCannotRun) {
 
 TEST(CudaFp8Attention, RejectsWhatItCannotRun) {
   ENTROPYINFER_REQUIRE_GPU();
-  Staging staging(2, 64);
+  Staging staging(2, 64, 128);
   cuda::FlashShape shape;
   shape.tokens = 4;
   shape.q_heads = 8;
   shape.kv_heads = 2;
-  shape.head_dim = 64;
+  shape.head_dim = 96;
   EXPECT_THROW(cuda::flash_prefill_fp8(nullptr, staging.staged, shape, nullptr, nullptr), Error);
-  EXPECT_THROW(cuda::stage_fp8_keys(nullptr, nullptr, 64, 64, 64, staging.staged, nullptr), Error);
+  EXPECT_THROW(cuda::stage_fp8_keys(nullptr, nullptr, 64, 96, 64, staging.staged, nullptr), Error);
   shape.head_dim = 128;
   shape.kv_heads = 4;  // not what was staged
   EXPECT_THROW(cuda::flash_prefill_fp8(nullptr, staging.staged, shape, nullptr, nullptr), Error);

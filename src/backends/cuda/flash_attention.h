@@ -82,13 +82,13 @@ void flash_prefill_block_sparse(const bf16* q, const bf16* key_cache, const bf16
                                 cudaStream_t stream, FlashKernel kernel = FlashKernel::kAuto,
                                 unsigned long long* keys_read = nullptr);
 
-// FP8 prefill attention (Hopper, head_dim 128), as FlashAttention-3 runs it in FP8: the layer's
-// keys and values are staged once as E4M3 codes with one scale per KV head (stage_fp8_keys), the
-// queries are quantized per (token, head) row as each tile loads them, and both products run on
-// the FP8 tensor cores: S = Q K^T, then O += P V with the softmax weights P scaled by 256 and
-// rounded to E4M3 (the scale keeps weights down to 2^-14 of the row's maximum in E4M3's normal
-// range). Scores, maxima, sums and O stay fp32. FP8's P V product takes its B operand K-major, so
-// the values are staged transposed, keys contiguous.
+// FP8 prefill attention (Hopper, head_dim 64 or 128), as FlashAttention-3 runs it in FP8: the
+// layer's keys and values are staged once as E4M3 codes with one scale per KV head
+// (stage_fp8_keys), the queries are quantized per (token, head) row as each tile loads them, and
+// both products run on the FP8 tensor cores: S = Q K^T, then O += P V with the softmax weights P
+// scaled by 256 and rounded to E4M3 (the scale keeps weights down to 2^-14 of the row's maximum in
+// E4M3's normal range). Scores, maxima, sums and O stay fp32. FP8's P V product takes its B operand
+// K-major, so the values are staged transposed, keys contiguous.
 struct Fp8StagedKeys {
   uint8_t* keys = nullptr;    // [kv_heads][stride][head_dim]
   uint8_t* values = nullptr;  // [kv_heads][head_dim][stride]
@@ -101,8 +101,9 @@ int64_t fp8_staged_stride(int64_t keys);
 size_t fp8_staged_code_bytes(int64_t kv_heads, int64_t head_dim, int64_t keys);
 // True when the library holds the FP8 kernel and the current device can run it.
 bool fp8_attention_available();
+bool fp8_attention_supports_head_dim(int64_t head_dim);  // 64 or 128
 // Quantizes keys 0 .. keys-1 of every KV head of a bf16 cache (the layout flash_prefill reads) into
-// `staged`, whose stride must cover them. Error for head_dim other than 128 or a short stride.
+// `staged`, whose stride must cover them. Error for another head_dim or a short stride.
 void stage_fp8_keys(const bf16* key_cache, const bf16* value_cache, int64_t cache_stride,
                     int64_t head_dim, int64_t keys, const Fp8StagedKeys& staged,
                     cudaStream_t stream);

@@ -2,8 +2,10 @@
 // consumer warpgroups of 64 packed query rows, a producer warpgroup streaming 128-key tiles
 // through three shared-memory stages, ping-pong between the consumers) with E4M3 operands:
 // wgmma m64n128k32 for S = Q K^T from shared memory, and for O += P V with P from registers and
-// the transposed values from shared memory. Each tile row is 128 bytes (head_dim 128), one
-// 128-byte swizzle atom, so every operand tile has one layout and one descriptor form.
+// the transposed values from shared memory. Every tile row is 128 bytes, one 128-byte swizzle
+// atom, so every operand tile has one layout and one descriptor form: with head_dim 128 the rows
+// of Q and K are full; with head_dim 64 they use their first 64 bytes (two k32 steps instead of
+// four) and the transposed value tile its first 64 rows.
 //
 // The block-sparse variant (flash_prefill_block_sparse_fp8) runs the same pipeline over a tile's
 // virtual key sequence (detail::SparseKeys), as the bf16 wgmma kernel does: the producer looks each
@@ -22,9 +24,9 @@ namespace entropyinfer::cuda {
 namespace detail {
 namespace {
 
-constexpr int kHeadDim = 128;
-constexpr int kBlockM = 128;   // packed query rows per CTA
-constexpr int kBlockN = 128;   // keys per tile
+constexpr int kRowBytes = 128;  // every tile row: one swizzle atom wide
+constexpr int kBlockM = 128;    // packed query rows per CTA
+constexpr int kBlockN = 128;    // keys per tile
 constexpr int kKeyGroup = 32;  // keys of one k32 step of P V: a tile's key rows permute within them
 constexpr int kValueRun = 8;   // keys of one value copy of the sparse producer
 constexpr int kConsumerThreads = 256;
@@ -33,8 +35,8 @@ constexpr int kThreads = kConsumerThreads + kProducerThreads;
 constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
 constexpr int kStages = 3;
-constexpr int kTileBytes = kBlockN * kHeadDim;  // one byte per code
-constexpr int kQBytes = kBlockM * kHeadDim;
+constexpr int kTileBytes = kBlockN * kRowBytes;  // one byte per code
+constexpr int kQBytes = kBlockM * kRowBytes;
 constexpr int kStageBytes = 2 * kTileBytes;  // K tile, then the transposed V tile
 constexpr int kScalesBytes = kBlockM * 4;    // each query row's scale
 constexpr int kSharedBytes = kQBytes + kStages * kStageBytes + kScalesBytes + 1024;
@@ -91,6 +93,7 @@ template <bool kSparse>
 using Fp8KernelParams = std::conditional_t<kSparse, Fp8SparseParams, Fp8FlashParams>;
 
 // Largest |key| and |value| per KV head: each thread reduces 8 consecutive elements of both.
+template <int kHeadDim>
 __global__ void staged_amax_kernel(const bf16* keys, const bf16* values, int64_t cache_stride,
                                    int64_t count, int kv_heads, float* amax) {
   const int head = blockIdx.y;
@@ -121,6 +124,7 @@ __global__ void staged_amax_kernel(const bf16* keys, const bf16* values, int64_t
 
 // One group of 32 keys of one KV head per block, one head-dim column per thread: the keys' codes
 // row by row, the values' codes transposed. Keys past `keys` stage as zeros.
+template <int kHeadDim>
 __global__ void stage_fp8_keys_kernel(const bf16* keys, const bf16* values, int64_t cache_stride,
                                       int64_t count, Fp8StagedKeys staged) {
   const int head = blockIdx.y;
@@ -187,36 +191,62 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3_rs(float (&d)[64], const u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
+// D (64 x 64, fp32) += A * B, the same operands with 64 columns (head_dim 64).
+__device__ __forceinline__ void wgmma_m64n64k32_e4m3_rs(float (&d)[32], const uint32_t (&a)[4],
+                                                        uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
 __device__ __forceinline__ void hand_over_stage(int stage) {
   named_barrier_arrive(kFullBarrier + 2 * stage, kProducerThreads + 128);
   named_barrier_arrive(kFullBarrier + 2 * stage + 1, kProducerThreads + 128);
 }
 
 // Staged rows are padded with zeros to a multiple of the tile, so every copy is whole.
+template <int kHeadDim>
 __device__ __forceinline__ void producer_loop(const Fp8FlashParams& p, uint32_t stage_tiles,
                                               int kv_head, int blocks) {
-  constexpr int kChunks = kHeadDim / 16;                    // 16-byte chunks of a row
-  constexpr int kRowsPerPass = kProducerThreads / kChunks;  // 16
+  constexpr int kKeyChunks = kHeadDim / 16;                           // 16-byte chunks of a key row
+  constexpr int kKeyRowsPerPass = kProducerThreads / kKeyChunks;      // 16 or 32
+  constexpr int kValueChunks = kBlockN / 16;                          // of a value row's 128 keys
+  constexpr int kValueRowsPerPass = kProducerThreads / kValueChunks;  // 16
   const int producer = threadIdx.x - kConsumerThreads;
-  const int lane_row = producer / kChunks, chunk = producer % kChunks;
-  // Passes advance by 16 rows, which moves this thread's slot by 16 as well.
+  const int key_lane = producer / kKeyChunks, key_chunk = producer % kKeyChunks;
+  const int value_lane = producer / kValueChunks, value_chunk = producer % kValueChunks;
+  // Passes advance by 16 or 32 rows, which moves this thread's slot by as much.
   const uint8_t* k_thread =
-      p.k + (static_cast<int64_t>(kv_head) * p.stride + slot_of_key_row(lane_row)) * kHeadDim +
-      chunk * 16;
+      p.k + (static_cast<int64_t>(kv_head) * p.stride + slot_of_key_row(key_lane)) * kHeadDim +
+      key_chunk * 16;
   const uint8_t* v_thread =
-      p.vt + (static_cast<int64_t>(kv_head) * kHeadDim + lane_row) * p.stride + chunk * 16;
-  const uint32_t thread_offset = lane_row * 128 + ((chunk ^ (lane_row & 7)) << 4);
+      p.vt + (static_cast<int64_t>(kv_head) * kHeadDim + value_lane) * p.stride + value_chunk * 16;
+  const uint32_t key_offset = key_lane * kRowBytes + ((key_chunk ^ (key_lane & 7)) << 4);
+  const uint32_t value_offset = value_lane * kRowBytes + ((value_chunk ^ (value_lane & 7)) << 4);
   for (int block = 0; block < blocks; ++block) {
     const int stage = block % kStages;
     if (block >= kStages) named_barrier_sync(kEmptyBarrier + stage, kThreads);
-    const uint32_t k_tile = stage_tiles + stage * kStageBytes + thread_offset;
+    const uint32_t k_tile = stage_tiles + stage * kStageBytes;
     const uint32_t v_tile = k_tile + kTileBytes;
     const int64_t key0 = static_cast<int64_t>(block) * kBlockN;
 #pragma unroll 4
-    for (int pass = 0; pass < kBlockN / kRowsPerPass; ++pass) {
-      const uint32_t offset = pass * kRowsPerPass * 128;
-      cp_async_16(k_tile + offset, k_thread + (key0 + pass * kRowsPerPass) * kHeadDim, 16);
-      cp_async_16(v_tile + offset, v_thread + pass * kRowsPerPass * p.stride + key0, 16);
+    for (int pass = 0; pass < kBlockN / kKeyRowsPerPass; ++pass) {
+      cp_async_16(k_tile + key_offset + pass * kKeyRowsPerPass * kRowBytes,
+                  k_thread + (key0 + pass * kKeyRowsPerPass) * kHeadDim, 16);
+    }
+#pragma unroll 4
+    for (int pass = 0; pass < kHeadDim / kValueRowsPerPass; ++pass) {
+      cp_async_16(v_tile + value_offset + pass * kValueRowsPerPass * kRowBytes,
+                  v_thread + pass * kValueRowsPerPass * p.stride + key0, 16);
     }
     cp_async_commit();
     cp_async_wait<0>();
@@ -230,11 +260,12 @@ __device__ __forceinline__ void producer_loop(const Fp8FlashParams& p, uint32_t 
 // tile copies the row of slot slot_of_key_row(n), and each run of 8 value columns (8 consecutive
 // slots of one selected block or of the own run, hence 8 consecutive staged keys) copies 8 bytes
 // of each transposed value row.
+template <int kHeadDim>
 __device__ __forceinline__ void sparse_producer_loop(const Fp8SparseParams& p, uint32_t stage_tiles,
                                                      int* table, int kv_head, int blocks,
                                                      const SparseKeys& keys) {
   constexpr int kKeyChunks = kHeadDim / 16;                         // 16-byte chunks of a key row
-  constexpr int kKeyRowsPerPass = kProducerThreads / kKeyChunks;    // 16
+  constexpr int kKeyRowsPerPass = kProducerThreads / kKeyChunks;    // 16 or 32
   constexpr int kValueRuns = kBlockN / kValueRun;                   // 8-byte runs of a value row
   constexpr int kValueRowsPerPass = kProducerThreads / kValueRuns;  // 8
   const int producer = threadIdx.x - kConsumerThreads;
@@ -242,13 +273,13 @@ __device__ __forceinline__ void sparse_producer_loop(const Fp8SparseParams& p, u
   const int key_slot = slot_of_key_row(key_lane);
   const uint8_t* k_thread =
       p.k + static_cast<int64_t>(kv_head) * p.stride * kHeadDim + key_chunk * 16;
-  const uint32_t key_offset = key_lane * 128 + ((key_chunk ^ (key_lane & 7)) << 4);
+  const uint32_t key_offset = key_lane * kRowBytes + ((key_chunk ^ (key_lane & 7)) << 4);
   const int value_lane = producer / kValueRuns, value_run = producer % kValueRuns;
   const uint8_t* v_thread =
       p.vt + (static_cast<int64_t>(kv_head) * kHeadDim + value_lane) * p.stride;
   // Value row value_lane + 8 * pass: its swizzle (row mod 8) is the same in every pass.
   const uint32_t value_offset =
-      value_lane * 128 + (((value_run >> 1) ^ (value_lane & 7)) << 4) + (value_run & 1) * 8;
+      value_lane * kRowBytes + (((value_run >> 1) ^ (value_lane & 7)) << 4) + (value_run & 1) * 8;
   int next_row = keys.key_row(producer);
   for (int block = 0; block < blocks; ++block) {
     const int stage = block % kStages;
@@ -263,7 +294,7 @@ __device__ __forceinline__ void sparse_producer_loop(const Fp8SparseParams& p, u
     for (int pass = 0; pass < kBlockN / kKeyRowsPerPass; ++pass) {
       // Slots past the end (row -1) are masked; zero-filled so that 0 * V stays finite.
       const int row = rows[pass * kKeyRowsPerPass + key_slot];
-      cp_async_16(k_tile + key_offset + pass * kKeyRowsPerPass * 128,
+      cp_async_16(k_tile + key_offset + pass * kKeyRowsPerPass * kRowBytes,
                   k_thread + static_cast<int64_t>(row >= 0 ? row : 0) * kHeadDim,
                   row >= 0 ? 16 : 0);
     }
@@ -271,7 +302,7 @@ __device__ __forceinline__ void sparse_producer_loop(const Fp8SparseParams& p, u
     const uint8_t* v_source = v_thread + (run_row >= 0 ? run_row : 0);
 #pragma unroll 4
     for (int pass = 0; pass < kHeadDim / kValueRowsPerPass; ++pass) {
-      cp_async_8(v_tile + value_offset + pass * kValueRowsPerPass * 128,
+      cp_async_8(v_tile + value_offset + pass * kValueRowsPerPass * kRowBytes,
                  v_source + static_cast<int64_t>(pass) * kValueRowsPerPass * p.stride,
                  run_row >= 0 ? 8 : 0);
     }
@@ -284,7 +315,7 @@ __device__ __forceinline__ void sparse_producer_loop(const Fp8SparseParams& p, u
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <bool kSparse>
+template <int kHeadDim, bool kSparse>
 __global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8KernelParams<kSparse> p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kTilesD = kHeadDim / 8;
@@ -314,12 +345,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8KernelP
   if (threadIdx.x >= kConsumerThreads) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if constexpr (kSparse) {
-      sparse_producer_loop(
+      sparse_producer_loop<kHeadDim>(
           p, stage_tiles,
           reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(q_scales) + kScalesBytes), kv_head,
           blocks, keys);
     } else {
-      producer_loop(p, stage_tiles, kv_head, blocks);
+      producer_loop<kHeadDim>(p, stage_tiles, kv_head, blocks);
     }
     return;
   }
@@ -330,17 +361,18 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8KernelP
   const int warp_in_group = thread_in_group / 32;
   const int lane = threadIdx.x % 32, t = lane % 4;
 
-  // Q: two threads per row, 64 elements each, quantized with the row's scale into the swizzled
+  // Q: two threads per row, half a row each, quantized with the row's scale into the swizzled
   // tile; the scale goes to shared memory for the softmax.
   {
+    constexpr int kHalf = kHeadDim / 2;
     const int r = warpgroup * 64 + thread_in_group / 2, half = thread_in_group % 2;
     const int row = row0 + r;
-    float x[64];
+    float x[kHalf];
     if (row < p.rows) {
       const uint4* source = reinterpret_cast<const uint4*>(
-          p.q + packed_row_offset(row, group, kv_head, p.q_token_stride, kHeadDim) + half * 64);
+          p.q + packed_row_offset(row, group, kv_head, p.q_token_stride, kHeadDim) + half * kHalf);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < kHalf / 8; ++i) {
         const uint4 u = source[i];
         const bf16* e = reinterpret_cast<const bf16*>(&u);
 #pragma unroll
@@ -348,15 +380,15 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8KernelP
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) x[i] = 0.0f;
+      for (int i = 0; i < kHalf; ++i) x[i] = 0.0f;
     }
     float amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) amax = fmaxf(amax, fabsf(x[i]));
+    for (int i = 0; i < kHalf; ++i) amax = fmaxf(amax, fabsf(x[i]));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     const float scale = scale_of(amax);
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < kHalf / 16; ++c) {
       uint32_t w[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -364,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8KernelP
         w[i] = pack_e4m3x4(__fdiv_rn(v[0], scale), __fdiv_rn(v[1], scale), __fdiv_rn(v[2], scale),
                            __fdiv_rn(v[3], scale));
       }
-      const uint32_t address = q_tile + sw128_offset(r, half * 4 + c, kBlockM);
+      const uint32_t address = q_tile + sw128_offset(r, half * (kHalf / 16) + c, kBlockM);
       asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(w[0]),
                    "r"(w[1]), "r"(w[2]), "r"(w[3])
                    : "memory");
@@ -378,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8KernelP
   const int row_a = row0 + local_a, row_b = row_a + 8;
   const int position_a = p.first_position + row_a / group + shift;  // last slot row a sees
   const int position_b = p.first_position + row_b / group + shift;
-  const uint32_t q_rows = q_tile + warpgroup * 64 * 128;
+  const uint32_t q_rows = q_tile + warpgroup * 64 * kRowBytes;
   const float key_scale = scale_of(p.amax[kv_head]);
   const float value_scale = scale_of(p.amax[p.kv_heads + kv_head]);
   // Each row's softmax scale with its dequantization folded in.
@@ -412,7 +444,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fp8_kernel(const Fp8KernelP
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 32; ++kk) {
-      wgmma_m64n128k32_e4m3_rs(o, pa[kk], sw128_descriptor(v_tile + kk * 32, 16, 1024));
+      const uint64_t b = sw128_descriptor(v_tile + kk * 32, 16, 1024);
+      if constexpr (kHeadDim == 128) {
+        wgmma_m64n128k32_e4m3_rs(o, pa[kk], b);
+      } else {
+        wgmma_m64n64k32_e4m3_rs(o, pa[kk], b);
+      }
     }
     wgmma_commit();
   };
@@ -500,12 +537,14 @@ size_t fp8_staged_code_bytes(int64_t kv_heads, int64_t head_dim, int64_t keys) {
 
 bool fp8_attention_available() { return wgmma_attention_available(); }
 
+bool fp8_attention_supports_head_dim(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+
 void stage_fp8_keys(const bf16* key_cache, const bf16* value_cache, int64_t cache_stride,
                     int64_t head_dim, int64_t keys, const Fp8StagedKeys& staged,
                     cudaStream_t stream) {
   const std::string prefix = "FP8 attention staging: ";
-  if (head_dim != detail::kHeadDim)
-    throw Error(prefix + "head_dim " + std::to_string(head_dim) + " (only 128 is supported)");
+  if (!fp8_attention_supports_head_dim(head_dim))
+    throw Error(prefix + "head_dim " + std::to_string(head_dim) + " (64 or 128 are supported)");
   if (keys <= 0 || keys > cache_stride || staged.stride < fp8_staged_stride(keys) ||
       staged.stride % detail::kBlockN != 0 || staged.kv_heads <= 0) {
     throw Error(prefix + std::to_string(keys) + " keys do not fit cache stride " +
@@ -518,13 +557,22 @@ void stage_fp8_keys(const bf16* key_cache, const bf16* value_cache, int64_t cach
   const int threads = 256;
   const dim3 amax_grid(static_cast<unsigned>((count / 8 + threads - 1) / threads),
                        static_cast<unsigned>(staged.kv_heads));
-  detail::staged_amax_kernel<<<amax_grid, threads, 0, stream>>>(
-      key_cache, value_cache, cache_stride, count, static_cast<int>(staged.kv_heads), staged.amax);
-  check_launch("staged_amax_kernel");
   const dim3 grid(static_cast<unsigned>(staged.stride / detail::kKeyGroup),
                   static_cast<unsigned>(staged.kv_heads));
-  detail::stage_fp8_keys_kernel<<<grid, detail::kHeadDim, 0, stream>>>(key_cache, value_cache,
-                                                                       cache_stride, keys, staged);
+  const int kv_heads = static_cast<int>(staged.kv_heads);
+  if (head_dim == 128) {
+    detail::staged_amax_kernel<128><<<amax_grid, threads, 0, stream>>>(
+        key_cache, value_cache, cache_stride, count, kv_heads, staged.amax);
+    check_launch("staged_amax_kernel");
+    detail::stage_fp8_keys_kernel<128>
+        <<<grid, 128, 0, stream>>>(key_cache, value_cache, cache_stride, keys, staged);
+  } else {
+    detail::staged_amax_kernel<64><<<amax_grid, threads, 0, stream>>>(
+        key_cache, value_cache, cache_stride, count, kv_heads, staged.amax);
+    check_launch("staged_amax_kernel");
+    detail::stage_fp8_keys_kernel<64>
+        <<<grid, 64, 0, stream>>>(key_cache, value_cache, cache_stride, keys, staged);
+  }
   check_launch("stage_fp8_keys_kernel");
 }
 
@@ -534,8 +582,9 @@ namespace {
 detail::Fp8FlashParams fp8_params(const bf16* q, const Fp8StagedKeys& staged,
                                   const FlashShape& shape, bf16* out, const std::string& prefix) {
   if (!fp8_attention_available()) throw Error(prefix + "needs a Hopper GPU and a build for sm_90a");
-  if (shape.head_dim != detail::kHeadDim)
-    throw Error(prefix + "head_dim " + std::to_string(shape.head_dim) + " (only 128 is supported)");
+  if (!fp8_attention_supports_head_dim(shape.head_dim))
+    throw Error(prefix + "head_dim " + std::to_string(shape.head_dim) +
+                " (64 or 128 are supported)");
   if (shape.kv_heads <= 0 || shape.q_heads % shape.kv_heads != 0 ||
       shape.kv_heads != staged.kv_heads) {
     throw Error(prefix + std::to_string(shape.q_heads) + " query heads over " +
@@ -551,23 +600,25 @@ detail::Fp8FlashParams fp8_params(const bf16* q, const Fp8StagedKeys& staged,
   p.vt = staged.values;
   p.amax = staged.amax;
   p.out = out;
-  p.q_token_stride = shape.q_token_stride != 0 ? shape.q_token_stride : shape.q_heads * 128;
-  p.out_token_stride = shape.out_token_stride != 0 ? shape.out_token_stride : shape.q_heads * 128;
+  const int64_t width = shape.q_heads * shape.head_dim;
+  p.q_token_stride = shape.q_token_stride != 0 ? shape.q_token_stride : width;
+  p.out_token_stride = shape.out_token_stride != 0 ? shape.out_token_stride : width;
   p.stride = staged.stride;
   p.kv_heads = static_cast<int>(shape.kv_heads);
   p.group = static_cast<int>(shape.q_heads / shape.kv_heads);
   p.rows = static_cast<int>(shape.tokens * p.group);
   p.first_position = static_cast<int>(shape.first_position);
-  const float scale = shape.scale != 0.0f ? shape.scale : 1.0f / std::sqrt(128.0f);
+  const float scale =
+      shape.scale != 0.0f ? shape.scale : 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
   p.scale_log2 = scale * 1.4426950408889634f;
   return p;
 }
 
-template <bool kSparse>
+template <int kHeadDim, bool kSparse>
 void launch_fp8(const detail::Fp8KernelParams<kSparse>& p, cudaStream_t stream) {
   constexpr int kSharedBytes = kSparse ? detail::kSparseSharedBytes : detail::kSharedBytes;
   static const bool configured = [] {
-    check(cudaFuncSetAttribute(detail::flash_fp8_kernel<kSparse>,
+    check(cudaFuncSetAttribute(detail::flash_fp8_kernel<kHeadDim, kSparse>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
           "cudaFuncSetAttribute(flash_fp8_kernel)");
     return true;
@@ -576,8 +627,13 @@ void launch_fp8(const detail::Fp8KernelParams<kSparse>& p, cudaStream_t stream) 
   const int64_t row_blocks = (static_cast<int64_t>(p.rows) + detail::kBlockM - 1) / detail::kBlockM;
   const dim3 grid = kSparse ? dim3(static_cast<unsigned>(row_blocks * p.kv_heads))
                             : dim3(static_cast<unsigned>(row_blocks), p.kv_heads);
-  detail::flash_fp8_kernel<kSparse><<<grid, detail::kThreads, kSharedBytes, stream>>>(p);
+  detail::flash_fp8_kernel<kHeadDim, kSparse><<<grid, detail::kThreads, kSharedBytes, stream>>>(p);
   check_launch(kSparse ? "flash_fp8_kernel (block-sparse)" : "flash_fp8_kernel");
+}
+
+template <bool kSparse>
+void launch_fp8(const detail::Fp8KernelParams<kSparse>& p, int64_t head_dim, cudaStream_t stream) {
+  head_dim == 128 ? launch_fp8<128, kSparse>(p, stream) : launch_fp8<64, kSparse>(p, stream);
 }
 
 }  // namespace
@@ -586,7 +642,7 @@ void flash_prefill_fp8(const bf16* q, const Fp8StagedKeys& staged, const FlashSh
                        bf16* out, cudaStream_t stream) {
   const detail::Fp8FlashParams p = fp8_params(q, staged, shape, out, "FP8 attention: ");
   if (shape.tokens == 0) return;
-  launch_fp8<false>(p, stream);
+  launch_fp8<false>(p, shape.head_dim, stream);
 }
 
 bool fp8_block_sparse_fits(const DevicePrefillPlan& plan, int64_t q_heads, int64_t kv_heads) {
@@ -620,7 +676,7 @@ void flash_prefill_block_sparse_fp8(const bf16* q, const Fp8StagedKeys& staged,
                 ", so that every tile of rows lies in one segment");
   }
   if (shape.tokens == 0) return;
-  launch_fp8<true>(p, stream);
+  launch_fp8<true>(p, shape.head_dim, stream);
 }
 
 }  // namespace entropyinfer::cuda

@@ -106,7 +106,7 @@ bool fp8_attention_runs(const ModelConfig& config, const CudaModelOptions& optio
   using PromptAttention = CudaModelOptions::PromptAttention;
   const bool asked = options.prompt_attention == PromptAttention::kFp8 ||
                      (options.prompt_attention == PromptAttention::kAuto && options.fp8_kv_cache);
-  return asked && config.head_dim == 128 && fp8_attention_available();
+  return asked && fp8_attention_supports_head_dim(config.head_dim) && fp8_attention_available();
 }
 
 // An upper bound on one layer's compressed cache rows (all cache heads, decode room included), for
@@ -564,7 +564,8 @@ struct CudaTransformer::State {
       fp8_staged.kv_heads = c.num_kv_heads;
       fp8_staged.stride = fp8_staged_stride(context);
       fp8_staged.keys = fp8_staged_codes.data();
-      fp8_staged.values = fp8_staged_codes.data() + fp8_staged.kv_heads * fp8_staged.stride * 128;
+      fp8_staged.values =
+          fp8_staged_codes.data() + fp8_staged.kv_heads * fp8_staged.stride * c.head_dim;
       fp8_staged.amax = fp8_staged_amax.data();
     }
     embedding.allocate(static_cast<size_t>(w.vocab * w.hidden));

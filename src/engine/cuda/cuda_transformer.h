@@ -64,8 +64,8 @@ struct CudaModelOptions {
   bool fp8_kv_cache = false;
   // Prompt attention in FP8 (flash_prefill_fp8 and, for the sparse prefill methods,
   // flash_prefill_block_sparse_fp8: Q, K, V and the softmax weights in E4M3 on the FP8 tensor
-  // cores) where it can run: a Hopper build and device, head_dim 128, and for a sparse plan blocks
-  // and segments of multiples of 8 keys. Elsewhere prompt attention stays bf16. The prefill
+  // cores) where it can run: a Hopper build and device, head_dim 64 or 128, and for a sparse plan
+  // blocks and segments of multiples of 8 keys. Elsewhere prompt attention stays bf16. The prefill
   // estimate reads bf16 keys either way. kAuto: FP8 with the FP8 cache, as vLLM's FP8 cache runs
   // FlashAttention-3 in FP8.
   enum class PromptAttention { kAuto, kBf16, kFp8 };
