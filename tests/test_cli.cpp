@@ -131,6 +131,29 @@ TEST(Cli, KvCacheFlagIsAutoOrFp8) {
   EXPECT_EQ(automatic.err.find("KV cache fp8"), std::string::npos) << automatic.err;
 }
 
+// --prompt-attention takes auto, bf16 or fp8 in every command that runs a model, and only auto on
+// the CPU, which attends in fp32.
+TEST(Cli, PromptAttentionFlagIsCheckedAndCudaOnly) {
+  for (const char* command :
+       {"generate -p hi", "inspect -p hi -o /tmp/unused", "eval", "needle", "serve"}) {
+    SCOPED_TRACE(command);
+    expect_error(run_cli(std::string(command) + " -m /nonexistent --prompt-attention fp4"),
+                 "--prompt-attention: fp4 not in {auto,bf16,fp8}");
+  }
+  const std::string model =
+      (std::filesystem::path(testing::fixtures_dir()) / ".." / ".." / "models" / "needle-llama-11m")
+          .lexically_normal()
+          .string();
+  if (!std::filesystem::exists(model + "/model.safetensors")) {
+    GTEST_SKIP() << "the shipped model is missing: " << model;
+  }
+  const std::string generate = "generate -m " + model + " -p 'The secret of cut is oil.' -n 4";
+  expect_error(run_cli(generate + " --prompt-attention fp8"),
+               "--prompt-attention fp8 needs --device cuda");
+  const CommandResult automatic = run_cli(generate + " --prompt-attention auto");
+  EXPECT_EQ(automatic.exit_code, 0) << automatic.err;
+}
+
 TEST(Cli, TokenizePrintsIds) {
   ENTROPYINFER_REQUIRE_ASSET("stories260K/tok512.bin");
   const CommandResult result =

@@ -45,7 +45,8 @@ struct BatchModelOptions {
   // The KV pool; 0 means enough for one full-context sequence on the CPU, the memory left after
   // the model on CUDA.
   int64_t pool_bytes = 0;
-  bool fp8_kv_cache = false;  // as EngineOptions::fp8_kv_cache
+  bool fp8_kv_cache = false;                                  // as EngineOptions::fp8_kv_cache
+  PromptAttention prompt_attention = PromptAttention::kAuto;  // as EngineOptions's, cuda only
   // CUDA: FP8 products of 9-64 rows unscaled, then scaled (CudaModelOptions::fp8_separate_scaling).
   bool fp8_separate_scaling = true;
 };

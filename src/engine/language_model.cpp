@@ -32,4 +32,11 @@ Device parse_device(const std::string& name) {
 
 const char* device_label(Device device) { return device == Device::kCuda ? "cuda" : "cpu"; }
 
+PromptAttention parse_prompt_attention(const std::string& name) {
+  if (name == "auto") return PromptAttention::kAuto;
+  if (name == "bf16") return PromptAttention::kBf16;
+  if (name == "fp8") return PromptAttention::kFp8;
+  throw Error("--prompt-attention must be auto, bf16 or fp8, not '" + name + "'");
+}
+
 }  // namespace entropyinfer

@@ -121,6 +121,12 @@ class LanguageModel {
 
 enum class Device { kCpu, kCuda };
 
+// The precision of the CUDA executor's prompt attention (cuda::CudaModelOptions::prompt_attention
+// says where each runs). kAuto: FP8 for dense attention with the FP8 KV cache.
+enum class PromptAttention { kAuto, kBf16, kFp8 };
+// "auto", "bf16" or "fp8"; Error otherwise.
+PromptAttention parse_prompt_attention(const std::string& name);
+
 // "cpu" or "cuda"; Error otherwise.
 Device parse_device(const std::string& name);
 const char* device_label(Device device);
@@ -148,6 +154,7 @@ struct EngineOptions {
   // of each head is held as E4M3 codes with one fp32 scale of its own. The CUDA executor stores the
   // codes; the CPU executor, the reference, stores each row as it reads back after quantization.
   bool fp8_kv_cache = false;
+  PromptAttention prompt_attention = PromptAttention::kAuto;  // cuda only
 };
 
 // The model on `options.device`. The CPU executor reads `weights` in place, which must then

@@ -49,6 +49,7 @@ std::unique_ptr<LanguageModel> make_language_model(const ModelWeights& weights,
   cuda_options.upload_progress = options.upload_progress;
   cuda_options.attention = options.attention;
   cuda_options.fp8_kv_cache = options.fp8_kv_cache;
+  cuda_options.prompt_attention = options.prompt_attention;
   return std::make_unique<cuda::CudaTransformer>(weights, cuda_options);
 #else
   (void)weights;

@@ -149,8 +149,8 @@ TEST(CudaFp8KvCacheModel, Fp8PromptAttentionStaysNearTheCpuReference) {
 }
 
 // On a Hopper build both variants (head_dim 64 and 128) run their sparse prompt attention in FP8
-// (flash_prefill_block_sparse_fp8); it must then differ from bf16 prompt attention over the same
-// cache (the kernel is applied) and read the same keys.
+// when asked to (PromptAttention::kFp8: flash_prefill_block_sparse_fp8); it must then differ from
+// bf16 prompt attention over the same cache (the kernel is applied) and read the same keys.
 TEST(CudaFp8KvCacheModel, SparsePrefillMatchesTheCpuReference) {
   ENTROPYINFER_REQUIRE_GPU();
   for (const int variant : {0, 1}) {
@@ -166,6 +166,7 @@ TEST(CudaFp8KvCacheModel, SparsePrefillMatchesTheCpuReference) {
       options.context_length = 1024;
       options.attention = attention;
       options.fp8_kv_cache = true;
+      if (fp8_attention) options.prompt_attention = cuda::CudaModelOptions::PromptAttention::kFp8;
       cuda::CudaTransformer gpu_model(weights, options);
       EXPECT_EQ(gpu_model.memory_plan().fp8_prompt_attention, fp8_attention);
       const auto prompt = test_prompt(900, config.vocab_size);

@@ -56,6 +56,13 @@ void DeviceFlags::add_to(CLI::App* command) {
                    "E4M3 with one scale per cached row of each head")
       ->check(CLI::IsMember({"auto", "fp8"}))
       ->capture_default_str();
+  command
+      ->add_option("--prompt-attention", prompt_attention,
+                   "cuda: the precision of prompt attention: auto (FP8 for dense attention with "
+                   "--kv-cache fp8, on Hopper), bf16, or fp8 (also the sparse methods' "
+                   "block-sparse attention; Hopper, head_dim 64 or 128)")
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}))
+      ->capture_default_str();
 }
 
 ModelWeights DeviceFlags::load(const std::string& path) const {
@@ -64,7 +71,15 @@ ModelWeights DeviceFlags::load(const std::string& path) const {
   return loaded;
 }
 
-void DeviceFlags::check() const { check_device(parse_device(device)); }
+void DeviceFlags::check() const {
+  const Device parsed = parse_device(device);
+  parse_prompt_attention(prompt_attention);
+  if (parsed == Device::kCpu && prompt_attention != "auto") {
+    throw Error("--prompt-attention " + prompt_attention +
+                " needs --device cuda (the CPU attends in fp32)");
+  }
+  check_device(parsed);
+}
 
 void DeviceFlags::apply_threads() const {
   if (threads > 0) omp_set_num_threads(threads);
@@ -81,6 +96,7 @@ std::unique_ptr<LanguageModel> open_language_model(const DeviceFlags& flags, Mod
   options.chunk_tokens = flags.chunk_tokens;
   options.decode_room = decode_room;
   options.fp8_kv_cache = flags.fp8_kv_cache();
+  options.prompt_attention = parse_prompt_attention(flags.prompt_attention);
   options.upload_progress = [last_percent = -1](int64_t done, int64_t total) mutable {
     // A terminal gets a line that updates in place; a log gets only the final line.
     const int percent = static_cast<int>(100 * done / std::max<int64_t>(total, 1));

@@ -41,12 +41,13 @@ struct DeviceFlags {
   int chunk_tokens = kDefaultChunkTokens;  // cuda: prompt tokens per matrix-product pass
   std::string weights = "as-stored";       // or "fp8": quantized at load
   std::string kv_cache = "auto";           // the executor's own precision, or "fp8"
+  std::string prompt_attention = "auto";   // cuda: auto, bf16 or fp8
 
   void add_to(CLI::App* command);
   // The model at `path` (with load progress on stderr), quantized as --weights says.
   ModelWeights load(const std::string& path) const;
   // Error for a device other than "cpu" or "cuda", for cuda in a build without the CUDA backend,
-  // and for a --chunk below 1.
+  // for a --chunk below 1, and for --prompt-attention other than auto on the CPU.
   void check() const;
   // Sets OpenMP's thread count when --threads was given.
   void apply_threads() const;

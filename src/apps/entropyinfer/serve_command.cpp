@@ -99,6 +99,7 @@ void run_serve(CLI::App* command, const ServeArgs& args) {
   model_options.context_length = args.context;
   model_options.pool_bytes = args.kv_pool_mib * 1048576;
   model_options.fp8_kv_cache = args.device.fp8_kv_cache();
+  model_options.prompt_attention = parse_prompt_attention(args.device.prompt_attention);
   serve::SchedulerOptions scheduler_options;
   scheduler_options.max_running = args.max_running;
   scheduler_options.max_queued = args.max_queued;

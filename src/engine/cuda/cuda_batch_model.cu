@@ -299,6 +299,7 @@ class CudaBatchModel : public BatchModel {
     CudaModelOptions cuda_options;
     // The resident cache and the pool's pages alike: stored pages are its codes and scales.
     cuda_options.fp8_kv_cache = options.fp8_kv_cache;
+    cuda_options.prompt_attention = options.prompt_attention;
     cuda_options.fp8_separate_scaling = options.fp8_separate_scaling;
     cuda_options.context_length = resolve_context_length(config, options.context_length);
     cuda_options.layer_major_prefill = true;

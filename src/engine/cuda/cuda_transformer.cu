@@ -498,9 +498,11 @@ struct CudaTransformer::State {
   bool fp8_cache = false;
   // CudaModelOptions::prompt_attention in FP8, where it runs: a layer's keys and values are staged
   // as codes before its prompt attention (fp8_staged_layer: the layer of the layer-major pass
-  // whose whole prompt is staged, or -1). The estimate keeps reading the bf16 slabs; a sparse
-  // plan the FP8 kernel cannot run (fp8_block_sparse_fits) leaves its layer in bf16.
+  // whose whole prompt is staged, or -1). The estimate keeps reading the bf16 slabs. Sparse plans
+  // run in FP8 only when asked for (fp8_sparse_attention: PromptAttention::kFp8) and where the
+  // kernel can run them (fp8_block_sparse_fits); otherwise their layer stays bf16.
   bool fp8_attention = false;
+  bool fp8_sparse_attention = false;
   DeviceBuffer<uint8_t> fp8_staged_codes;
   DeviceBuffer<float> fp8_staged_amax;
   Fp8StagedKeys fp8_staged;
@@ -558,6 +560,8 @@ struct CudaTransformer::State {
       scratch_values.allocate(static_cast<size_t>(w.kv) * context);
     }
     fp8_attention = fp8_attention_runs(c, options);
+    fp8_sparse_attention =
+        fp8_attention && options.prompt_attention == CudaModelOptions::PromptAttention::kFp8;
     if (fp8_attention) {
       fp8_staged_codes.allocate(fp8_staged_code_bytes(c.num_kv_heads, c.head_dim, context));
       fp8_staged_amax.allocate(static_cast<size_t>(2 * c.num_kv_heads));
@@ -1473,7 +1477,10 @@ struct CudaTransformer::State {
     }
     store_fp8_rows(index, n);
     fp8_staged_layer = -1;
-    if (fp8_attention && fp8_block_sparse_fits(pass.plan, config.num_heads, config.num_kv_heads)) {
+    const bool fp8_plan = pass.plan.dense ||
+                          (fp8_sparse_attention &&
+                           fp8_block_sparse_fits(pass.plan, config.num_heads, config.num_kv_heads));
+    if (fp8_attention && fp8_plan) {
       const auto timed = stages.scope(Stage::kCacheWrites, stream);
       stage_fp8_keys(pass_keys(index), pass_values(index), context, w.head_dim, n, fp8_staged,
                      stream);
