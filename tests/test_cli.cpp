@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli_test_support.h"
+#include "shipped_model_support.h"
 #include "test_support.h"
 
 namespace entropyinfer {
@@ -115,9 +116,7 @@ TEST(Cli, KvCacheFlagIsAutoOrFp8) {
                "--kv-cache: fp16 not in {auto,fp8}");
 
   const std::string model =
-      (std::filesystem::path(testing::fixtures_dir()) / ".." / ".." / "models" / "needle-llama-11m")
-          .lexically_normal()
-          .string();
+      std::filesystem::path(testing::shipped_model_dir()).lexically_normal().string();
   if (!std::filesystem::exists(model + "/model.safetensors")) {
     GTEST_SKIP() << "the shipped model is missing: " << model;
   }
@@ -141,9 +140,7 @@ TEST(Cli, PromptAttentionFlagIsCheckedAndCudaOnly) {
                  "--prompt-attention: fp4 not in {auto,bf16,fp8}");
   }
   const std::string model =
-      (std::filesystem::path(testing::fixtures_dir()) / ".." / ".." / "models" / "needle-llama-11m")
-          .lexically_normal()
-          .string();
+      std::filesystem::path(testing::shipped_model_dir()).lexically_normal().string();
   if (!std::filesystem::exists(model + "/model.safetensors")) {
     GTEST_SKIP() << "the shipped model is missing: " << model;
   }
