@@ -75,8 +75,8 @@ int run_attention_bench(int argc, char** argv) {
       const Timing staging = time_runs([&] { fp8.stage(inputs, stream); }, stream);
       const Timing timing = time_runs(
           [&] {
-            cuda::flash_prefill_fp8(inputs.q.data(), fp8.staged, inputs.shape, inputs.out.data(),
-                                    stream);
+            cuda::flash_prefill_fp8(inputs.q.data(), fp8.buffers.view, inputs.shape,
+                                    inputs.out.data(), stream);
           },
           stream);
       const double tflops = flops / (timing.median_ms * 1e-3) / 1e12;

@@ -148,24 +148,15 @@ struct AttentionInputs {
 // flash_prefill_block_sparse_fp8 read; a prefill stages each layer once).
 struct Fp8StagedInputs {
   Fp8StagedInputs(const AttentionInputs& inputs, cudaStream_t stream)
-      : codes(cuda::fp8_staged_code_bytes(inputs.shape.kv_heads, inputs.shape.head_dim,
-                                          inputs.shape.tokens)),
-        amax(static_cast<size_t>(2 * inputs.shape.kv_heads)) {
-    staged.kv_heads = inputs.shape.kv_heads;
-    staged.stride = cuda::fp8_staged_stride(inputs.shape.tokens);
-    staged.keys = codes.data();
-    staged.values = codes.data() + staged.kv_heads * staged.stride * inputs.shape.head_dim;
-    staged.amax = amax.data();
+      : buffers(inputs.shape.kv_heads, inputs.shape.head_dim, inputs.shape.tokens) {
     stage(inputs, stream);
   }
   void stage(const AttentionInputs& inputs, cudaStream_t stream) {
     cuda::stage_fp8_keys(inputs.k.data(), inputs.v.data(), inputs.shape.cache_stride,
-                         inputs.shape.head_dim, inputs.shape.tokens, staged, stream);
+                         inputs.shape.head_dim, inputs.shape.tokens, buffers.view, stream);
   }
 
-  cuda::DeviceBuffer<uint8_t> codes;
-  cuda::DeviceBuffer<float> amax;
-  cuda::Fp8StagedKeys staged;
+  cuda::Fp8StagingBuffers buffers;
 };
 
 int run_attention_bench(int argc, char** argv);

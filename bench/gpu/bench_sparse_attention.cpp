@@ -169,7 +169,7 @@ int run_sparse_attention_bench(int argc, char** argv) {
     const Timing dense = time_runs(
         [&] {
           if (fp8) {
-            cuda::flash_prefill_fp8(inputs.q.data(), staged->staged, inputs.shape,
+            cuda::flash_prefill_fp8(inputs.q.data(), staged->buffers.view, inputs.shape,
                                     inputs.out.data(), stream);
           } else {
             inputs.prefill(kernel, stream);
@@ -184,8 +184,9 @@ int run_sparse_attention_bench(int argc, char** argv) {
       return time_runs(
           [&] {
             if (fp8) {
-              cuda::flash_prefill_block_sparse_fp8(inputs.q.data(), staged->staged, inputs.shape,
-                                                   device_plan.view, inputs.out.data(), stream);
+              cuda::flash_prefill_block_sparse_fp8(inputs.q.data(), staged->buffers.view,
+                                                   inputs.shape, device_plan.view,
+                                                   inputs.out.data(), stream);
             } else {
               cuda::flash_prefill_block_sparse(inputs.q.data(), inputs.k.data(), inputs.v.data(),
                                                inputs.shape, device_plan.view, inputs.out.data(),

@@ -42,22 +42,7 @@
 namespace entropyinfer {
 namespace {
 
-struct Staging {
-  int64_t stride;
-  cuda::DeviceBuffer<uint8_t> codes;
-  cuda::DeviceBuffer<float> amax;
-  cuda::Fp8StagedKeys staged;
-  Staging(int64_t kv_heads, int64_t keys, int64_t head_dim)
-      : stride(cuda::fp8_staged_stride(keys)),
-        codes(cuda::fp8_staged_code_bytes(kv_heads, head_dim, keys)),
-        amax(static_cast<size_t>(2 * kv_heads)) {
-    staged.keys = codes.data();
-    staged.values = codes.data() + kv_heads * stride * head_dim;
-    staged.amax = amax.data();
-    staged.kv_heads = kv_heads;
-    staged.stride = stride;
-  }
-};
+using Staging = cuda::Fp8StagingBuffers;
 
 float largest_magnitude(const std::vector<float>& x, int64_t head, int64_t cache_stride,
                         int64_t keys, int64_t head_dim) {
@@ -76,15 +61,15 @@ TEST(CudaFp8Attention, StagingFollowsTheHostRulesAndLayout) {
     const auto v = gpu_test::random_bf16_values(k.size(), 12, 0.5f);
     auto k_gpu = gpu_test::upload_bf16(k), v_gpu = gpu_test::upload_bf16(v);
     Staging staging(kv_heads, keys, head_dim);
-    ASSERT_EQ(staging.stride, 384);
+    ASSERT_EQ(staging.view.stride, 384);
     cuda::check(cudaMemset(staging.codes.data(), 0x5a, staging.codes.bytes()), "cudaMemset");
-    cuda::stage_fp8_keys(k_gpu.data(), v_gpu.data(), cache_stride, head_dim, keys, staging.staged,
+    cuda::stage_fp8_keys(k_gpu.data(), v_gpu.data(), cache_stride, head_dim, keys, staging.view,
                          nullptr);
     cuda::check(cudaDeviceSynchronize(), "staging");
     const auto codes = gpu_test::download(staging.codes);
     const auto amax = gpu_test::download(staging.amax);
     const uint8_t* key_codes = codes.data();
-    const uint8_t* value_codes = codes.data() + kv_heads * staging.stride * head_dim;
+    const uint8_t* value_codes = codes.data() + kv_heads * staging.view.stride * head_dim;
     for (int64_t h = 0; h < kv_heads; ++h) {
       const float key_amax = largest_magnitude(k, h, cache_stride, keys, head_dim);
       const float value_amax = largest_magnitude(v, h, cache_stride, keys, head_dim);
@@ -92,20 +77,20 @@ TEST(CudaFp8Attention, StagingFollowsTheHostRulesAndLayout) {
       ASSERT_EQ(amax[kv_heads + h], value_amax) << "head " << h;
       const float key_scale = fp8_weight_scale(key_amax);
       const float value_scale = fp8_weight_scale(value_amax);
-      for (int64_t key = 0; key < staging.stride; ++key) {
+      for (int64_t key = 0; key < staging.view.stride; ++key) {
         for (int d = 0; d < head_dim; ++d) {
           const size_t source = (h * cache_stride + key) * head_dim + d;
           const uint8_t expected = key < keys ? f32_to_fp8_e4m3(k[source] / key_scale) : 0;
-          ASSERT_EQ(key_codes[(h * staging.stride + key) * head_dim + d], expected)
+          ASSERT_EQ(key_codes[(h * staging.view.stride + key) * head_dim + d], expected)
               << "key " << key << " of head " << h << ", column " << d;
         }
       }
       for (int d = 0; d < head_dim; ++d) {
-        for (int64_t key = 0; key < staging.stride; ++key) {
+        for (int64_t key = 0; key < staging.view.stride; ++key) {
           const uint8_t expected =
               key < keys ? f32_to_fp8_e4m3(v[(h * cache_stride + key) * head_dim + d] / value_scale)
                          : 0;
-          ASSERT_EQ(value_codes[(h * head_dim + d) * staging.stride + key], expected)
+          ASSERT_EQ(value_codes[(h * head_dim + d) * staging.view.stride + key], expected)
               << "value of key " << key << " of head " << h << ", dim " << d;
         }
       }
@@ -179,7 +164,7 @@ struct QuantizedInputs {
     q_gpu = gpu_test::upload_bf16(q);
     k_gpu = gpu_test::upload_bf16(k);
     v_gpu = gpu_test::upload_bf16(v);
-    cuda::stage_fp8_keys(k_gpu.data(), v_gpu.data(), cache_stride, head_dim, keys, staging.staged,
+    cuda::stage_fp8_keys(k_gpu.data(), v_gpu.data(), cache_stride, head_dim, keys, staging.view,
                          nullptr);
   }
 
@@ -246,7 +231,7 @@ void run_case(const Case& c, uint32_t seed) {
   cpu::causal_attention(inputs.q_packed.data(), inputs.k_quantized.data(),
                         inputs.v_quantized.data(), inputs.cpu_shape(), expected.data());
   const auto actual = inputs.gpu_output([&](cuda::bf16* out) {
-    cuda::flash_prefill_fp8(inputs.q_gpu.data(), inputs.staging.staged, inputs.gpu_shape(), out,
+    cuda::flash_prefill_fp8(inputs.q_gpu.data(), inputs.staging.view, inputs.gpu_shape(), out,
                             nullptr);
   });
   inputs.expect_close(actual, expected, inputs.keys, describe(c));
@@ -301,9 +286,9 @@ TEST(CudaFp8Attention, StaysCloseToBf16AttentionOnALongPrompt) {
     Staging staging(kv_heads, tokens, head_dim);
     cuda::flash_prefill(q_gpu.data(), k_gpu.data(), v_gpu.data(), shape, out_bf16.data(), nullptr,
                         cuda::FlashKernel::kWgmma);
-    cuda::stage_fp8_keys(k_gpu.data(), v_gpu.data(), tokens, head_dim, tokens, staging.staged,
+    cuda::stage_fp8_keys(k_gpu.data(), v_gpu.data(), tokens, head_dim, tokens, staging.view,
                          nullptr);
-    cuda::flash_prefill_fp8(q_gpu.data(), staging.staged, shape, out_fp8.data(), nullptr);
+    cuda::flash_prefill_fp8(q_gpu.data(), staging.view, shape, out_fp8.data(), nullptr);
     cuda::check(cudaDeviceSynchronize(), "attention kernels");
     const auto difference =
         gpu_test::compare(gpu_test::download_bf16(out_fp8), gpu_test::download_bf16(out_bf16));
@@ -340,7 +325,7 @@ std::vector<float> sparse_fp8_output(const QuantizedInputs& inputs, const Sparse
       shape.first_position = first;
       shape.tokens = std::min<int64_t>(slice_tokens, c.shape.tokens - first);
       cuda::flash_prefill_block_sparse_fp8(
-          inputs.q_gpu.data() + first * inputs.q_stride, inputs.staging.staged, shape, plan,
+          inputs.q_gpu.data() + first * inputs.q_stride, inputs.staging.view, shape, plan,
           out_rows + first * inputs.out_stride, nullptr, counter.data());
     }
   });
@@ -409,7 +394,7 @@ TEST(CudaFp8Attention, BlockSparseOverEveryBlockEqualsDensePrefill) {
   unsigned long long keys_read = 0;
   const auto sparse = sparse_fp8_output(inputs, c, device_plan.view, c.shape.tokens, keys_read);
   const auto dense = inputs.gpu_output([&](cuda::bf16* out) {
-    cuda::flash_prefill_fp8(inputs.q_gpu.data(), inputs.staging.staged, inputs.gpu_shape(), out,
+    cuda::flash_prefill_fp8(inputs.q_gpu.data(), inputs.staging.view, inputs.gpu_shape(), out,
                             nullptr);
   });
   const auto difference = gpu_test::compare(sparse, dense);
@@ -434,7 +419,7 @@ TEST(CudaFp8Attention, BlockSparseRejectsPlansItCannotRun) {
     EXPECT_FALSE(cuda::fp8_block_sparse_fits(device_plan.view, shape.q_heads, shape.kv_heads));
     cuda::DeviceBuffer<cuda::bf16> out(inputs.q_packed.size());
     try {
-      cuda::flash_prefill_block_sparse_fp8(inputs.q_gpu.data(), inputs.staging.staged,
+      cuda::flash_prefill_block_sparse_fp8(inputs.q_gpu.data(), inputs.staging.view,
                                            inputs.gpu_shape(), device_plan.view, out.data(),
                                            nullptr);
       ADD_FAILURE() << "ran segment " << segment_size << ", block " << block_size;
@@ -452,16 +437,15 @@ TEST(CudaFp8Attention, RejectsWhatItCannotRun) {
   shape.q_heads = 8;
   shape.kv_heads = 2;
   shape.head_dim = 96;
-  EXPECT_THROW(cuda::flash_prefill_fp8(nullptr, staging.staged, shape, nullptr, nullptr), Error);
-  EXPECT_THROW(cuda::stage_fp8_keys(nullptr, nullptr, 64, 96, 64, staging.staged, nullptr), Error);
+  EXPECT_THROW(cuda::flash_prefill_fp8(nullptr, staging.view, shape, nullptr, nullptr), Error);
+  EXPECT_THROW(cuda::stage_fp8_keys(nullptr, nullptr, 64, 96, 64, staging.view, nullptr), Error);
   shape.head_dim = 128;
   shape.kv_heads = 4;  // not what was staged
-  EXPECT_THROW(cuda::flash_prefill_fp8(nullptr, staging.staged, shape, nullptr, nullptr), Error);
+  EXPECT_THROW(cuda::flash_prefill_fp8(nullptr, staging.view, shape, nullptr, nullptr), Error);
   shape.kv_heads = 2;
   shape.first_position = 126;  // keys past the staged 128
-  EXPECT_THROW(cuda::flash_prefill_fp8(nullptr, staging.staged, shape, nullptr, nullptr), Error);
-  EXPECT_THROW(cuda::stage_fp8_keys(nullptr, nullptr, 100, 128, 200, staging.staged, nullptr),
-               Error);
+  EXPECT_THROW(cuda::flash_prefill_fp8(nullptr, staging.view, shape, nullptr, nullptr), Error);
+  EXPECT_THROW(cuda::stage_fp8_keys(nullptr, nullptr, 100, 128, 200, staging.view, nullptr), Error);
 }
 
 }  // namespace

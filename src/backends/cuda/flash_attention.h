@@ -99,6 +99,18 @@ struct Fp8StagedKeys {
 // Key rows a staging of `keys` keys holds, and the bytes of its codes (keys and values).
 int64_t fp8_staged_stride(int64_t keys);
 size_t fp8_staged_code_bytes(int64_t kv_heads, int64_t head_dim, int64_t keys);
+// Device memory for a staging of up to `keys` keys, and the view of it the kernels take.
+struct Fp8StagingBuffers {
+  DeviceBuffer<uint8_t> codes;
+  DeviceBuffer<float> amax;
+  Fp8StagedKeys view;
+
+  Fp8StagingBuffers() = default;
+  Fp8StagingBuffers(int64_t kv_heads, int64_t head_dim, int64_t keys) {
+    allocate(kv_heads, head_dim, keys);
+  }
+  void allocate(int64_t kv_heads, int64_t head_dim, int64_t keys);
+};
 // True when the library holds the FP8 kernel and the current device can run it.
 bool fp8_attention_available();
 bool fp8_attention_supports_head_dim(int64_t head_dim);  // 64 or 128

@@ -529,6 +529,16 @@ size_t fp8_staged_code_bytes(int64_t kv_heads, int64_t head_dim, int64_t keys) {
   return static_cast<size_t>(2 * kv_heads * head_dim * fp8_staged_stride(keys));
 }
 
+void Fp8StagingBuffers::allocate(int64_t kv_heads, int64_t head_dim, int64_t keys) {
+  codes.allocate(fp8_staged_code_bytes(kv_heads, head_dim, keys));
+  amax.allocate(static_cast<size_t>(2 * kv_heads));
+  view.kv_heads = kv_heads;
+  view.stride = fp8_staged_stride(keys);
+  view.keys = codes.data();
+  view.values = codes.data() + kv_heads * view.stride * head_dim;
+  view.amax = amax.data();
+}
+
 bool fp8_attention_available() { return wgmma_attention_available(); }
 
 bool fp8_attention_supports_head_dim(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }

@@ -503,9 +503,7 @@ struct CudaTransformer::State {
   // kernel can run them (fp8_block_sparse_fits); otherwise their layer stays bf16.
   bool fp8_attention = false;
   bool fp8_sparse_attention = false;
-  DeviceBuffer<uint8_t> fp8_staged_codes;
-  DeviceBuffer<float> fp8_staged_amax;
-  Fp8StagedKeys fp8_staged;
+  Fp8StagingBuffers fp8_staging;
   int fp8_staged_layer = -1;
   const bf16* head() const { return config.tied_embeddings ? embedding.data() : lm_head.data(); }
 
@@ -563,14 +561,7 @@ struct CudaTransformer::State {
     fp8_sparse_attention =
         fp8_attention && options.prompt_attention == CudaModelOptions::PromptAttention::kFp8;
     if (fp8_attention) {
-      fp8_staged_codes.allocate(fp8_staged_code_bytes(c.num_kv_heads, c.head_dim, context));
-      fp8_staged_amax.allocate(static_cast<size_t>(2 * c.num_kv_heads));
-      fp8_staged.kv_heads = c.num_kv_heads;
-      fp8_staged.stride = fp8_staged_stride(context);
-      fp8_staged.keys = fp8_staged_codes.data();
-      fp8_staged.values =
-          fp8_staged_codes.data() + fp8_staged.kv_heads * fp8_staged.stride * c.head_dim;
-      fp8_staged.amax = fp8_staged_amax.data();
+      fp8_staging.allocate(c.num_kv_heads, c.head_dim, context);
     }
     embedding.allocate(static_cast<size_t>(w.vocab * w.hidden));
     if (!c.tied_embeddings) lm_head.allocate(static_cast<size_t>(w.vocab * w.hidden));
@@ -1069,10 +1060,10 @@ struct CudaTransformer::State {
           flash_decode(q, cache_keys, cache_values, shape, attn_out.data(), decode_workspace.data(),
                        decode_workspace.size(), stream);
         } else if (fp8_attention) {
-          stage_fp8_keys(cache_keys, cache_values, context, w.head_dim, first + m, fp8_staged,
+          stage_fp8_keys(cache_keys, cache_values, context, w.head_dim, first + m, fp8_staging.view,
                          stream);
           fp8_staged_layer = -1;
-          flash_prefill_fp8(q, fp8_staged, shape, attn_out.data(), stream);
+          flash_prefill_fp8(q, fp8_staging.view, shape, attn_out.data(), stream);
         } else {
           flash_prefill(q, cache_keys, cache_values, shape, attn_out.data(), stream);
         }
@@ -1482,7 +1473,7 @@ struct CudaTransformer::State {
                            fp8_block_sparse_fits(pass.plan, config.num_heads, config.num_kv_heads));
     if (fp8_attention && fp8_plan) {
       const auto timed = stages.scope(Stage::kCacheWrites, stream);
-      stage_fp8_keys(pass_keys(index), pass_values(index), context, w.head_dim, n, fp8_staged,
+      stage_fp8_keys(pass_keys(index), pass_values(index), context, w.head_dim, n, fp8_staging.view,
                      stream);
       fp8_staged_layer = index;
     }
@@ -1527,7 +1518,7 @@ struct CudaTransformer::State {
       pass.sparse_layers_dense_keys += keys;
     }
     if (fp8_staged_layer == index) {
-      flash_prefill_block_sparse_fp8(q, fp8_staged, shape, pass.plan, out, stream,
+      flash_prefill_block_sparse_fp8(q, fp8_staging.view, shape, pass.plan, out, stream,
                                      key_counters.data());
     } else if (estimator) {
       flash_prefill_block_sparse(q, pass_keys(index), pass_values(index), shape, pass.plan, out,
