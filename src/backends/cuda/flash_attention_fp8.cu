@@ -543,6 +543,32 @@ bool fp8_attention_available() { return wgmma_attention_available(); }
 
 bool fp8_attention_supports_head_dim(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
+namespace {
+
+template <int kHeadDim>
+void launch_staging(const bf16* key_cache, const bf16* value_cache, int64_t cache_stride,
+                    int64_t keys, const Fp8StagedKeys& staged, cudaStream_t stream) {
+  const int64_t count = keys * kHeadDim;
+  const int threads = 256;
+  const dim3 amax_grid(static_cast<unsigned>((count / 8 + threads - 1) / threads),
+                       static_cast<unsigned>(staged.kv_heads));
+  detail::staged_amax_kernel<kHeadDim><<<amax_grid, threads, 0, stream>>>(
+      key_cache, value_cache, cache_stride, count, static_cast<int>(staged.kv_heads), staged.amax);
+  check_launch("staged_amax_kernel");
+  const dim3 grid(static_cast<unsigned>(staged.stride / detail::kKeyGroup),
+                  static_cast<unsigned>(staged.kv_heads));
+  detail::stage_fp8_keys_kernel<kHeadDim>
+      <<<grid, kHeadDim, 0, stream>>>(key_cache, value_cache, cache_stride, keys, staged);
+  check_launch("stage_fp8_keys_kernel");
+}
+
+// Whether the sparse producer's runs of value copies stay inside one staged stretch of keys.
+bool value_runs_fit(const DevicePrefillPlan& plan) {
+  return plan.block_size % detail::kValueRun == 0 && plan.segment_size % detail::kValueRun == 0;
+}
+
+}  // namespace
+
 void stage_fp8_keys(const bf16* key_cache, const bf16* value_cache, int64_t cache_stride,
                     int64_t head_dim, int64_t keys, const Fp8StagedKeys& staged,
                     cudaStream_t stream) {
@@ -557,27 +583,11 @@ void stage_fp8_keys(const bf16* key_cache, const bf16* value_cache, int64_t cach
   }
   check(cudaMemsetAsync(staged.amax, 0, sizeof(float) * 2 * staged.kv_heads, stream),
         "FP8 staging amax");
-  const int64_t count = keys * head_dim;
-  const int threads = 256;
-  const dim3 amax_grid(static_cast<unsigned>((count / 8 + threads - 1) / threads),
-                       static_cast<unsigned>(staged.kv_heads));
-  const dim3 grid(static_cast<unsigned>(staged.stride / detail::kKeyGroup),
-                  static_cast<unsigned>(staged.kv_heads));
-  const int kv_heads = static_cast<int>(staged.kv_heads);
   if (head_dim == 128) {
-    detail::staged_amax_kernel<128><<<amax_grid, threads, 0, stream>>>(
-        key_cache, value_cache, cache_stride, count, kv_heads, staged.amax);
-    check_launch("staged_amax_kernel");
-    detail::stage_fp8_keys_kernel<128>
-        <<<grid, 128, 0, stream>>>(key_cache, value_cache, cache_stride, keys, staged);
+    launch_staging<128>(key_cache, value_cache, cache_stride, keys, staged, stream);
   } else {
-    detail::staged_amax_kernel<64><<<amax_grid, threads, 0, stream>>>(
-        key_cache, value_cache, cache_stride, count, kv_heads, staged.amax);
-    check_launch("staged_amax_kernel");
-    detail::stage_fp8_keys_kernel<64>
-        <<<grid, 64, 0, stream>>>(key_cache, value_cache, cache_stride, keys, staged);
+    launch_staging<64>(key_cache, value_cache, cache_stride, keys, staged, stream);
   }
-  check_launch("stage_fp8_keys_kernel");
 }
 
 namespace {
@@ -651,8 +661,7 @@ void flash_prefill_fp8(const bf16* q, const Fp8StagedKeys& staged, const FlashSh
 
 bool fp8_block_sparse_fits(const DevicePrefillPlan& plan, int64_t q_heads, int64_t kv_heads) {
   if (plan.dense) return true;
-  return kv_heads > 0 && plan.block_size % detail::kValueRun == 0 &&
-         plan.segment_size % detail::kValueRun == 0 &&
+  return kv_heads > 0 && value_runs_fit(plan) &&
          detail::sparse_tile_rows_fit(plan, q_heads / kv_heads, detail::kBlockM);
 }
 
@@ -668,7 +677,7 @@ void flash_prefill_block_sparse_fp8(const bf16* q, const Fp8StagedKeys& staged,
   static_cast<detail::Fp8FlashParams&>(p) = fp8_params(q, staged, shape, out, prefix);
   static_cast<detail::SparsePlanFields&>(p) =
       detail::sparse_plan_fields(shape, plan, keys_read, prefix);
-  if (plan.block_size % detail::kValueRun != 0 || plan.segment_size % detail::kValueRun != 0) {
+  if (!value_runs_fit(plan)) {
     throw Error(prefix + "block size " + std::to_string(plan.block_size) + " and segment size " +
                 std::to_string(plan.segment_size) + " must be multiples of " +
                 std::to_string(detail::kValueRun) + " (values are copied in runs of " +
