@@ -88,6 +88,12 @@ TEST(Cli, BenchDeviceAndMethodErrorsAreClear) {
                "--gemm-tuning");
   expect_error(run_cli("bench --random-model llama-100m -p 64 --profile-decode-step 3"),
                "--profile-decode-step");
+  // The device flags are the other model commands' (DeviceFlags).
+  expect_error(run_cli("bench --random-model llama-100m -p 64 --prompt-attention fp8"),
+               "--prompt-attention fp8 needs --device cuda");
+  expect_error(run_cli("bench --random-model llama-100m -p 64 --prompt-attention fp16"),
+               "--prompt-attention: fp16 not in {auto,bf16,fp8}");
+  expect_error(run_cli("bench --random-model llama-100m -p 64 --threads 0"), "--threads");
   // Nonsense values of the GPU-only options are refused on any device.
   expect_error(run_cli("bench --device cuda --random-model llama-100m -p 64 --gemm-tuning fast"),
                "--gemm-tuning");

@@ -19,6 +19,7 @@
 #include "apps/entropyinfer/cli_common.h"
 #include "apps/entropyinfer/commands.h"
 #include "apps/entropyinfer/flag_checks.h"
+#include "apps/entropyinfer/model_commands.h"
 #include "core/error.h"
 #include "core/stopwatch.h"
 #include "core/user_file.h"
@@ -38,15 +39,12 @@ struct BenchArgs {
   int decode_tokens = 32;
   int repetitions = 3;
   std::string json_path;
+  DeviceFlags device;
   // --device cuda only:
-  std::string device = "cpu";
   std::vector<std::string> methods = {"full"};
   std::string markdown_path;
-  int chunk_tokens = kDefaultChunkTokens;
   bool stage_times = false;
-  std::string gemm_tuning;            // empty: the engine's default (burst)
-  std::string weights = "as-stored";  // or fp8: projections quantized at load
-  std::string kv_cache = "auto";      // the executor's own precision, or fp8
+  std::string gemm_tuning;  // empty: the engine's default (burst)
   int profile_decode_step = -1;
   bool profile_prefill = false;
   AttentionOptions attention;
@@ -55,7 +53,7 @@ struct BenchArgs {
 // The flags as given, for the results' record.
 std::string describe_command(const BenchArgs& args) {
   std::ostringstream text;
-  text << "entropyinfer bench --device " << args.device;
+  text << "entropyinfer bench --device " << args.device.device;
   if (!args.model.empty()) text << " --model " << args.model;
   if (!args.random_model.empty()) text << " --random-model " << args.random_model;
   text << " -p ";
@@ -65,8 +63,12 @@ std::string describe_command(const BenchArgs& args) {
   for (size_t i = 0; i < args.methods.size(); ++i) text << (i ? "," : "") << args.methods[i];
   if (args.stage_times) text << " --stage-times";
   if (!args.gemm_tuning.empty()) text << " --gemm-tuning " << args.gemm_tuning;
-  if (args.weights != "as-stored") text << " --weights " << args.weights;
-  if (args.kv_cache != "auto") text << " --kv-cache " << args.kv_cache;
+  if (args.device.chunk_tokens != kDefaultChunkTokens)
+    text << " --chunk " << args.device.chunk_tokens;
+  if (args.device.weights != "as-stored") text << " --weights " << args.device.weights;
+  if (args.device.kv_cache != "auto") text << " --kv-cache " << args.device.kv_cache;
+  if (args.device.prompt_attention != "auto")
+    text << " --prompt-attention " << args.device.prompt_attention;
   if (args.profile_decode_step >= 0) text << " --profile-decode-step " << args.profile_decode_step;
   if (args.profile_prefill) text << " --profile-prefill";
   return text.str();
@@ -79,11 +81,12 @@ void run_bench_on_cuda(const BenchArgs& args) {
   cuda_args.prompt_tokens = args.prompt_tokens;
   cuda_args.decode_tokens = args.decode_tokens;
   cuda_args.repetitions = args.repetitions;
-  cuda_args.chunk_tokens = args.chunk_tokens;
+  cuda_args.chunk_tokens = args.device.chunk_tokens;
   cuda_args.stage_times = args.stage_times;
   cuda_args.gemm_tuning = args.gemm_tuning.empty() ? "burst" : args.gemm_tuning;
-  cuda_args.weights = args.weights;
-  cuda_args.kv_cache = args.kv_cache;
+  cuda_args.weights = args.device.weights;
+  cuda_args.kv_cache = args.device.kv_cache;
+  cuda_args.prompt_attention = args.device.prompt_attention;
   cuda_args.profile_decode_step = args.profile_decode_step;
   cuda_args.profile_prefill = args.profile_prefill;
   cuda_args.methods = args.methods;
@@ -159,11 +162,12 @@ void run_bench(const BenchArgs& args) {
   if (!args.json_path.empty()) check_output_file(args.json_path, "--json file");
   if (!args.markdown_path.empty()) check_output_file(args.markdown_path, "--markdown file");
   check_common_flags(args);
-  if (args.device == "cuda") {
+  if (parse_device(args.device.device) == Device::kCuda) {
     run_bench_on_cuda(args);
     return;
   }
-  if (args.device != "cpu") throw Error("--device must be cpu or cuda, not '" + args.device + "'");
+  args.device.check();
+  args.device.apply_threads();
   if (args.methods.size() != 1 || args.methods[0] != "full") {
     throw Error(
         "--methods: the CPU bench measures full attention (bench-work measures the policies' "
@@ -180,7 +184,7 @@ void run_bench(const BenchArgs& args) {
   ModelWeights weights = args.model.empty()
                              ? make_random_model(random_model_config(args.random_model), 1234)
                              : load_model_with_progress(args.model);
-  if (args.weights == "fp8") quantize_weights_fp8(weights);
+  if (args.device.weights == "fp8") quantize_weights_fp8(weights);
   const ModelConfig& config = weights.config;
   const std::string model_name = args.model.empty() ? "random " + args.random_model : args.model;
   std::fprintf(stderr, "measuring memory copy bandwidth...\n");
@@ -201,7 +205,7 @@ void run_bench(const BenchArgs& args) {
     }
     std::vector<int32_t> prompt(prompt_length);
     for (int32_t& id : prompt) id = token(generator);
-    Transformer model(weights, prompt_length + args.decode_tokens, {}, args.kv_cache == "fp8");
+    Transformer model(weights, prompt_length + args.decode_tokens, {}, args.device.fp8_kv_cache());
     std::vector<double> prefill_times, decode_times;
     for (int repetition = 0; repetition <= args.repetitions; ++repetition) {  // first is warm-up
       model.reset();
@@ -259,7 +263,7 @@ void run_bench(const BenchArgs& args) {
                                {"model", model_name},
                                {"parameters", config.parameter_count()},
                                {"threads", omp_get_max_threads()},
-                               {"kv_cache", args.kv_cache == "fp8" ? "fp8" : "fp32"},
+                               {"kv_cache", args.device.fp8_kv_cache() ? "fp8" : "fp32"},
                                {"copy_bandwidth_bytes_per_s", bandwidth},
                                {"weight_bytes_per_token", weight_bytes},
                                {"results", results},
@@ -287,7 +291,6 @@ void register_bench(CLI::App& app) {
       ->check(integer_in(1, 1000000))
       ->capture_default_str();
   command->add_option("--json", args->json_path, "Also write the results as JSON to this file");
-  command->add_option("--device", args->device, "cpu or cuda")->capture_default_str();
   command
       ->add_option("--methods", args->methods,
                    "cuda: attention methods, prefill[+decode] each, e.g. "
@@ -298,21 +301,7 @@ void register_bench(CLI::App& app) {
   command->add_flag("--stage-times", args->stage_times,
                     "cuda: after the timed runs, one more prefill per row with its GPU time broken "
                     "down by part (products, pointwise kernels, estimate, attention...)");
-  command->add_option("--chunk", args->chunk_tokens, "cuda: prompt tokens per matrix-product pass")
-      ->check(integer_in(1, kMaxTokenCount))
-      ->capture_default_str();
-  command
-      ->add_option("--weights", args->weights,
-                   "as-stored, or fp8: the projections quantized at load (E4M3, one scale per "
-                   "output channel, inputs quantized per token)")
-      ->check(CLI::IsMember({"as-stored", "fp8"}))
-      ->capture_default_str();
-  command
-      ->add_option("--kv-cache", args->kv_cache,
-                   "auto (the executor's own precision: fp32 on cpu, bf16 on cuda), or fp8: "
-                   "E4M3 with one scale per cached row of each head")
-      ->check(CLI::IsMember({"auto", "fp8"}))
-      ->capture_default_str();
+  args->device.add_to(command);
   command->add_option(
       "--gemm-tuning", args->gemm_tuning,
       "cuda: how whole-chunk products pick their cuBLASLt algorithm: heuristic, "

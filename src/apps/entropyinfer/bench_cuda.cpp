@@ -109,6 +109,7 @@ void run_cuda_bench(const CudaBenchArgs& args) {
     throw Error("--kv-cache must be auto or fp8, not '" + args.kv_cache + "'");
   }
   options.fp8_kv_cache = fp8_kv_cache;
+  options.prompt_attention = parse_prompt_attention(args.prompt_attention);
   if (args.random_model.empty()) {
     ModelWeights weights = load_model_with_progress(args.model);
     if (fp8) quantize_weights_fp8(weights);
@@ -294,6 +295,7 @@ void run_cuda_bench(const CudaBenchArgs& args) {
                                      {"gemm_tuning", args.gemm_tuning},
                                      {"weights", fp8 ? "fp8" : "as-stored"},
                                      {"kv_cache", fp8_kv_cache ? "fp8" : "bf16"},
+                                     {"prompt_attention", args.prompt_attention},
                                      {"results", results},
                                      {"markdown", table.str()}};
     write_user_file(args.json_path, "--json file", document.dump(2) + "\n");

@@ -30,10 +30,11 @@ struct CudaBenchArgs {
   int decode_tokens = 256;
   int repetitions = 1;
   int chunk_tokens = kDefaultChunkTokens;
-  bool stage_times = false;           // one more prefill per row, timed part by part
-  std::string gemm_tuning = "burst";  // one of kGemmTuningModes
-  std::string weights = "as-stored";  // or fp8 (quantize_weights_fp8; random weights drawn so)
-  std::string kv_cache = "auto";      // bf16, or fp8 (CudaModelOptions::fp8_kv_cache)
+  bool stage_times = false;               // one more prefill per row, timed part by part
+  std::string gemm_tuning = "burst";      // one of kGemmTuningModes
+  std::string weights = "as-stored";      // or fp8 (quantize_weights_fp8; random weights drawn so)
+  std::string kv_cache = "auto";          // bf16, or fp8 (CudaModelOptions::fp8_kv_cache)
+  std::string prompt_attention = "auto";  // bf16, fp8 or auto (CudaModelOptions::prompt_attention)
   // >= 0: decode step k of each row's first repetition runs between cudaProfilerStart and
   // cudaProfilerStop, for a profiler started with --profile-from-start off.
   int profile_decode_step = -1;
