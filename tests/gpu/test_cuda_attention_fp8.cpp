@@ -60,7 +60,7 @@ TEST(CudaFp8Attention, StagingFollowsTheHostRulesAndLayout) {
     const auto k = gpu_test::random_bf16_values(kv_heads * cache_stride * head_dim, 11, 3.0f);
     const auto v = gpu_test::random_bf16_values(k.size(), 12, 0.5f);
     auto k_gpu = gpu_test::upload_bf16(k), v_gpu = gpu_test::upload_bf16(v);
-    Staging staging(kv_heads, keys, head_dim);
+    Staging staging(kv_heads, head_dim, keys);
     ASSERT_EQ(staging.view.stride, 384);
     cuda::check(cudaMemset(staging.codes.data(), 0x5a, staging.codes.bytes()), "cudaMemset");
     cuda::stage_fp8_keys(k_gpu.data(), v_gpu.data(), cache_stride, head_dim, keys, staging.view,
@@ -131,7 +131,7 @@ struct QuantizedInputs {
         cache_stride(keys + 5),
         q_stride(static_cast<int64_t>(c.q_heads) * c.head_dim + c.extra_q_stride),
         out_stride(static_cast<int64_t>(c.q_heads) * c.head_dim + c.extra_out_stride),
-        staging(c.kv_heads, keys, c.head_dim) {
+        staging(c.kv_heads, c.head_dim, keys) {
     const int64_t head_dim = c.head_dim;
     const auto q =
         gpu_test::random_bf16_values(static_cast<size_t>(c.tokens) * q_stride, seed, 2.0f);
@@ -283,7 +283,7 @@ TEST(CudaFp8Attention, StaysCloseToBf16AttentionOnALongPrompt) {
     shape.kv_heads = kv_heads;
     shape.head_dim = head_dim;
     shape.cache_stride = tokens;
-    Staging staging(kv_heads, tokens, head_dim);
+    Staging staging(kv_heads, head_dim, tokens);
     cuda::flash_prefill(q_gpu.data(), k_gpu.data(), v_gpu.data(), shape, out_bf16.data(), nullptr,
                         cuda::FlashKernel::kWgmma);
     cuda::stage_fp8_keys(k_gpu.data(), v_gpu.data(), tokens, head_dim, tokens, staging.view,
