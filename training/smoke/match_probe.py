@@ -233,6 +233,8 @@ def parse_args(argv=None):
                    help="train.CausalLM, or ReferenceLM (a GPT-2 style control that shares none of its parts)")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--constant-lr", action="store_true",
+                   help="hold the lr after warmup (the cosine's decay can end a short run before matching forms)")
     p.add_argument("--lm-weight", type=float, default=0.0,
                    help="weight of the next-token loss on every non-answer id (the needles' words are predictable)")
     p.add_argument("--repeat-share", type=float, default=0.0,
@@ -299,7 +301,8 @@ def run_probe(a, label=""):
         answer_mask = answer_mask[:, :-1]
         lm_mask = (~answer_mask) & (targets != PAD)
         progress = (time.time() - start) / a.seconds
-        lr = a.lr * min(1.0, (step + 1) / a.warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+        decay = 1.0 if a.constant_lr else 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
+        lr = a.lr * min(1.0, (step + 1) / a.warmup) * decay
         for group in optimizer.param_groups:
             group["lr"] = lr
         with torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext():
