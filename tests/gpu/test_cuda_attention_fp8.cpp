@@ -1,7 +1,8 @@
 // FP8 prefill attention (flash_prefill_fp8) against the host.
 //
 // Staging is checked bit for bit: every code follows core/fp8.h from the bf16 inputs, with one
-// scale per KV head (the weight rule over all its staged keys), values transposed.
+// scale per KV head (the weight rule over all its staged keys), values transposed within runs of
+// 8 keys.
 //
 // The kernel is checked against cpu::causal_attention (fp32) over the same quantized inputs
 // (queries per (token, head) row, keys and values per KV head), so what remains is the kernel's own
@@ -90,7 +91,9 @@ TEST(CudaFp8Attention, StagingFollowsTheHostRulesAndLayout) {
           const uint8_t expected =
               key < keys ? f32_to_fp8_e4m3(v[(h * cache_stride + key) * head_dim + d] / value_scale)
                          : 0;
-          ASSERT_EQ(value_codes[(h * head_dim + d) * staging.view.stride + key], expected)
+          // Transposed within runs of 8 keys: [stride / 8][head_dim][8] per head.
+          const int64_t at = (h * staging.view.stride + key / 8 * 8) * head_dim + d * 8 + key % 8;
+          ASSERT_EQ(value_codes[at], expected)
               << "value of key " << key << " of head " << h << ", dim " << d;
         }
       }

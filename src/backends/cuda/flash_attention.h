@@ -88,10 +88,11 @@ void flash_prefill_block_sparse(const bf16* q, const bf16* key_cache, const bf16
 // both products run on the FP8 tensor cores: S = Q K^T, then O += P V with the softmax weights P
 // scaled by 256 and rounded to E4M3 (the scale keeps weights down to 2^-14 of the row's maximum in
 // E4M3's normal range). Scores, maxima, sums and O stay fp32. FP8's P V product takes its B operand
-// K-major, so the values are staged transposed, keys contiguous.
+// K-major, so the values are staged transposed within runs of 8 keys, keys contiguous: the dense
+// and the block-sparse kernels both copy whole runs.
 struct Fp8StagedKeys {
   uint8_t* keys = nullptr;    // [kv_heads][stride][head_dim]
-  uint8_t* values = nullptr;  // [kv_heads][head_dim][stride]
+  uint8_t* values = nullptr;  // [kv_heads][stride / 8][head_dim][8]
   float* amax = nullptr;      // [2][kv_heads]: the largest |key| and |value| of each KV head
   int64_t kv_heads = 0;
   int64_t stride = 0;  // key rows, a multiple of 128; those past the staged keys hold zeros
@@ -125,8 +126,9 @@ void flash_prefill_fp8(const bf16* q, const Fp8StagedKeys& staged, const FlashSh
                        bf16* out, cudaStream_t stream);
 // flash_prefill_block_sparse over staged keys, in FP8 as flash_prefill_fp8 (the same semantics,
 // plan checks and key count); plan.dense runs flash_prefill_fp8. It copies the values of 8 keys at
-// a time, so block and segment sizes must be multiples of 8, and segment_size * (q_heads /
-// kv_heads) a multiple of 128: fp8_block_sparse_fits says whether a plan qualifies (Error if not).
+// a time (a staged run), so block and segment sizes must be multiples of 8, and segment_size *
+// (q_heads / kv_heads) a multiple of 128: fp8_block_sparse_fits says whether a plan qualifies
+// (Error if not).
 bool fp8_block_sparse_fits(const DevicePrefillPlan& plan, int64_t q_heads, int64_t kv_heads);
 void flash_prefill_block_sparse_fp8(const bf16* q, const Fp8StagedKeys& staged,
                                     const FlashShape& shape, const DevicePrefillPlan& plan,

@@ -7,10 +7,15 @@
 // of Q and K are full; with head_dim 64 they use their first 64 bytes (two k32 steps instead of
 // four) and the transposed value tile its first 64 rows.
 //
+// The values are staged transposed within runs of 8 keys ([run][head_dim][8]): a run's codes for
+// one head-dim column are 8 contiguous bytes, and a run's columns lie next to each other, so a
+// warp's copies of one run read whole sectors whether a tile streams every run (dense) or gathers
+// the runs of its selected blocks (block-sparse).
+//
 // The block-sparse variant (flash_prefill_block_sparse_fp8) runs the same pipeline over a tile's
 // virtual key sequence (detail::SparseKeys), as the bf16 wgmma kernel does: the producer looks each
-// slot's staged row up in a small table it fills one tile ahead. Its values are copied in runs of 8
-// keys, so selected blocks and segments must be multiples of 8 keys.
+// slot's staged row up in a small table it fills one tile ahead. Its values are copied a run at a
+// time, so selected blocks and segments must be multiples of 8 keys.
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -28,7 +33,7 @@ constexpr int kRowBytes = 128;  // every tile row: one swizzle atom wide
 constexpr int kBlockM = 128;    // packed query rows per CTA
 constexpr int kBlockN = 128;    // keys per tile
 constexpr int kKeyGroup = 32;  // keys of one k32 step of P V: a tile's key rows permute within them
-constexpr int kValueRun = 8;   // keys of one value copy of the sparse producer
+constexpr int kValueRun = 8;   // keys of one staged run of values, and of one value copy
 constexpr int kConsumerThreads = 256;
 constexpr int kProducerThreads = 128;
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
@@ -123,7 +128,8 @@ __global__ void staged_amax_kernel(const bf16* keys, const bf16* values, int64_t
 }
 
 // One group of 32 keys of one KV head per block, one head-dim column per thread: the keys' codes
-// row by row, the values' codes transposed. Keys past `keys` stage as zeros.
+// row by row, the values' codes transposed within each run of 8 keys. Keys past `keys` stage as
+// zeros.
 template <int kHeadDim>
 __global__ void stage_fp8_keys_kernel(const bf16* keys, const bf16* values, int64_t cache_stride,
                                       int64_t count, Fp8StagedKeys staged) {
@@ -140,22 +146,24 @@ __global__ void stage_fp8_keys_kernel(const bf16* keys, const bf16* values, int6
     const float x = key < count ? __bfloat162float(key_rows[key * kHeadDim + d]) : 0.0f;
     key_codes[key * kHeadDim + d] = fp8::to_e4m3(__fdiv_rn(x, key_scale));
   }
-  uint32_t words[kKeyGroup / 4];
+  uint8_t* value_codes = staged.values + static_cast<int64_t>(head) * staged.stride * kHeadDim;
 #pragma unroll
-  for (int w = 0; w < kKeyGroup / 4; ++w) {
-    uint32_t word = 0;
+  for (int run = 0; run < kKeyGroup / kValueRun; ++run) {
+    uint32_t words[2];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t key = first + 4 * w + i;
-      const float x = key < count ? __bfloat162float(value_rows[key * kHeadDim + d]) : 0.0f;
-      word |= static_cast<uint32_t>(fp8::to_e4m3(__fdiv_rn(x, value_scale))) << (8 * i);
+    for (int w = 0; w < 2; ++w) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t key = first + kValueRun * run + 4 * w + i;
+        const float x = key < count ? __bfloat162float(value_rows[key * kHeadDim + d]) : 0.0f;
+        word |= static_cast<uint32_t>(fp8::to_e4m3(__fdiv_rn(x, value_scale))) << (8 * i);
+      }
+      words[w] = word;
     }
-    words[w] = word;
+    *reinterpret_cast<uint2*>(value_codes + (first + kValueRun * run) * kHeadDim + d * kValueRun) =
+        make_uint2(words[0], words[1]);
   }
-  uint4* out = reinterpret_cast<uint4*>(
-      staged.values + (static_cast<int64_t>(head) * kHeadDim + d) * staged.stride + first);
-  out[0] = make_uint4(words[0], words[1], words[2], words[3]);
-  out[1] = make_uint4(words[4], words[5], words[6], words[7]);
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -207,25 +215,53 @@ __device__ __forceinline__ void hand_over_stage(int stage) {
   named_barrier_arrive(kFullBarrier + 2 * stage + 1, kProducerThreads + 128);
 }
 
+// A producer thread's share of a value tile: 16 runs of 8 keys in each head-dim row, 8 rows per
+// pass. Thread p copies run 2 * (p / 16) + p % 2 of rows (p / 2) % 8 + 8 * pass, so a half-warp
+// writes the two 8-byte halves of one swizzled chunk in each of 8 rows (every bank once) and reads
+// 64 contiguous bytes of each of two runs.
+struct ValueCopyLane {
+  int run;          // of the tile's 16
+  int row;          // the head-dim row of the first pass
+  uint32_t offset;  // of the copy in the tile; passes add 8 rows
+};
+constexpr int kValueRowsPerPass = 8;
+
+__device__ __forceinline__ ValueCopyLane value_copy_lane(int producer) {
+  const int run = 2 * (producer / 16) + producer % 2;
+  const int row = (producer / 2) % kValueRowsPerPass;
+  return {run, row,
+          static_cast<uint32_t>(row * kRowBytes + (((run >> 1) ^ row) << 4) + (run & 1) * 8)};
+}
+
+// Copies the run of staged values that starts at `run` (staged codes of the thread's first row
+// in that run, ValueCopyLane::row) into the tile; `bytes` 0 fills zeros.
+template <int kHeadDim>
+__device__ __forceinline__ void copy_value_run(uint32_t v_tile, const ValueCopyLane& lane,
+                                               const uint8_t* run, int bytes) {
+#pragma unroll 4
+  for (int pass = 0; pass < kHeadDim / kValueRowsPerPass; ++pass) {
+    cp_async_8(v_tile + lane.offset + pass * kValueRowsPerPass * kRowBytes,
+               run + pass * kValueRowsPerPass * kValueRun, bytes);
+  }
+}
+
 // Staged rows are padded with zeros to a multiple of the tile, so every copy is whole.
 template <int kHeadDim>
 __device__ __forceinline__ void producer_loop(const Fp8FlashParams& p, uint32_t stage_tiles,
                                               int kv_head, int blocks) {
-  constexpr int kKeyChunks = kHeadDim / 16;                           // 16-byte chunks of a key row
-  constexpr int kKeyRowsPerPass = kProducerThreads / kKeyChunks;      // 16 or 32
-  constexpr int kValueChunks = kBlockN / 16;                          // of a value row's 128 keys
-  constexpr int kValueRowsPerPass = kProducerThreads / kValueChunks;  // 16
+  constexpr int kKeyChunks = kHeadDim / 16;                       // 16-byte chunks of a key row
+  constexpr int kKeyRowsPerPass = kProducerThreads / kKeyChunks;  // 16 or 32
   const int producer = threadIdx.x - kConsumerThreads;
   const int key_lane = producer / kKeyChunks, key_chunk = producer % kKeyChunks;
-  const int value_lane = producer / kValueChunks, value_chunk = producer % kValueChunks;
   // Passes advance by 16 or 32 rows, which moves this thread's slot by as much.
   const uint8_t* k_thread =
       p.k + (static_cast<int64_t>(kv_head) * p.stride + slot_of_key_row(key_lane)) * kHeadDim +
       key_chunk * 16;
-  const uint8_t* v_thread =
-      p.vt + (static_cast<int64_t>(kv_head) * kHeadDim + value_lane) * p.stride + value_chunk * 16;
   const uint32_t key_offset = key_lane * kRowBytes + ((key_chunk ^ (key_lane & 7)) << 4);
-  const uint32_t value_offset = value_lane * kRowBytes + ((value_chunk ^ (value_lane & 7)) << 4);
+  const ValueCopyLane value = value_copy_lane(producer);
+  const uint8_t* v_thread =
+      p.vt + (static_cast<int64_t>(kv_head) * p.stride + kValueRun * value.run) * kHeadDim +
+      value.row * kValueRun;
   for (int block = 0; block < blocks; ++block) {
     const int stage = block % kStages;
     if (block >= kStages) named_barrier_sync(kEmptyBarrier + stage, kThreads);
@@ -237,11 +273,7 @@ __device__ __forceinline__ void producer_loop(const Fp8FlashParams& p, uint32_t 
       cp_async_16(k_tile + key_offset + pass * kKeyRowsPerPass * kRowBytes,
                   k_thread + (key0 + pass * kKeyRowsPerPass) * kHeadDim, 16);
     }
-#pragma unroll 4
-    for (int pass = 0; pass < kHeadDim / kValueRowsPerPass; ++pass) {
-      cp_async_16(v_tile + value_offset + pass * kValueRowsPerPass * kRowBytes,
-                  v_thread + pass * kValueRowsPerPass * p.stride + key0, 16);
-    }
+    copy_value_run<kHeadDim>(v_tile, value, v_thread + key0 * kHeadDim, 8);
     cp_async_commit();
     cp_async_wait<0>();
     fence_proxy_async();
@@ -251,29 +283,23 @@ __device__ __forceinline__ void producer_loop(const Fp8FlashParams& p, uint32_t 
 
 // The sparse producer: each thread first writes the staged row of one slot of the tile into a
 // shared table (looked up one tile ahead; two halves, as in the bf16 kernel), then key row n of the
-// tile copies the row of slot slot_of_key_row(n), and each run of 8 value columns (8 consecutive
-// slots of one selected block or of the own run, hence 8 consecutive staged keys) copies 8 bytes
-// of each transposed value row.
+// tile copies the row of slot slot_of_key_row(n), and each run of 8 slots (8 consecutive slots of
+// one selected block or of the own run, hence one staged run of values) copies that run.
 template <int kHeadDim>
 __device__ __forceinline__ void sparse_producer_loop(const Fp8SparseParams& p, uint32_t stage_tiles,
                                                      int* table, int kv_head, int blocks,
                                                      const SparseKeys& keys) {
-  constexpr int kKeyChunks = kHeadDim / 16;                         // 16-byte chunks of a key row
-  constexpr int kKeyRowsPerPass = kProducerThreads / kKeyChunks;    // 16 or 32
-  constexpr int kValueRuns = kBlockN / kValueRun;                   // 8-byte runs of a value row
-  constexpr int kValueRowsPerPass = kProducerThreads / kValueRuns;  // 8
+  constexpr int kKeyChunks = kHeadDim / 16;                       // 16-byte chunks of a key row
+  constexpr int kKeyRowsPerPass = kProducerThreads / kKeyChunks;  // 16 or 32
   const int producer = threadIdx.x - kConsumerThreads;
   const int key_lane = producer / kKeyChunks, key_chunk = producer % kKeyChunks;
   const int key_slot = slot_of_key_row(key_lane);
   const uint8_t* k_thread =
       p.k + static_cast<int64_t>(kv_head) * p.stride * kHeadDim + key_chunk * 16;
   const uint32_t key_offset = key_lane * kRowBytes + ((key_chunk ^ (key_lane & 7)) << 4);
-  const int value_lane = producer / kValueRuns, value_run = producer % kValueRuns;
+  const ValueCopyLane value = value_copy_lane(producer);
   const uint8_t* v_thread =
-      p.vt + (static_cast<int64_t>(kv_head) * kHeadDim + value_lane) * p.stride;
-  // Value row value_lane + 8 * pass: its swizzle (row mod 8) is the same in every pass.
-  const uint32_t value_offset =
-      value_lane * kRowBytes + (((value_run >> 1) ^ (value_lane & 7)) << 4) + (value_run & 1) * 8;
+      p.vt + static_cast<int64_t>(kv_head) * p.stride * kHeadDim + value.row * kValueRun;
   int next_row = keys.key_row(producer);
   for (int block = 0; block < blocks; ++block) {
     const int stage = block % kStages;
@@ -292,14 +318,12 @@ __device__ __forceinline__ void sparse_producer_loop(const Fp8SparseParams& p, u
                   k_thread + static_cast<int64_t>(row >= 0 ? row : 0) * kHeadDim,
                   row >= 0 ? 16 : 0);
     }
-    const int run_row = rows[value_run * kValueRun];
-    const uint8_t* v_source = v_thread + (run_row >= 0 ? run_row : 0);
-#pragma unroll 4
-    for (int pass = 0; pass < kHeadDim / kValueRowsPerPass; ++pass) {
-      cp_async_8(v_tile + value_offset + pass * kValueRowsPerPass * kRowBytes,
-                 v_source + static_cast<int64_t>(pass) * kValueRowsPerPass * p.stride,
-                 run_row >= 0 ? 8 : 0);
-    }
+    // A run's first slot decides for the run: the slots after it are masked where they lie past
+    // the end, and their staged codes are finite.
+    const int run_row = rows[value.run * kValueRun];
+    copy_value_run<kHeadDim>(v_tile, value,
+                             v_thread + static_cast<int64_t>(run_row >= 0 ? run_row : 0) * kHeadDim,
+                             run_row >= 0 ? 8 : 0);
     cp_async_commit();
     cp_async_wait<0>();
     fence_proxy_async();
