@@ -129,22 +129,30 @@ __global__ void staged_amax_kernel(const bf16* keys, const bf16* values, int64_t
 
 // One group of 32 keys of one KV head per block, one head-dim column per thread: the keys' codes
 // row by row, the values' codes transposed within each run of 8 keys. Keys past `keys` stage as
-// zeros.
+// zeros. Every load is issued before any store: the byte stores may alias the bf16 rows for all
+// the compiler knows, and loads behind a store would wait out one memory latency each.
 template <int kHeadDim>
 __global__ void stage_fp8_keys_kernel(const bf16* keys, const bf16* values, int64_t cache_stride,
                                       int64_t count, Fp8StagedKeys staged) {
   const int head = blockIdx.y;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kKeyGroup;
   const int d = threadIdx.x;
-  const float key_scale = scale_of(staged.amax[head]);
-  const float value_scale = scale_of(staged.amax[staged.kv_heads + head]);
   const bf16* key_rows = keys + static_cast<int64_t>(head) * cache_stride * kHeadDim;
   const bf16* value_rows = values + static_cast<int64_t>(head) * cache_stride * kHeadDim;
-  uint8_t* key_codes = staged.keys + static_cast<int64_t>(head) * staged.stride * kHeadDim;
+  float key_column[kKeyGroup], value_column[kKeyGroup];
+#pragma unroll
   for (int r = 0; r < kKeyGroup; ++r) {
     const int64_t key = first + r;
-    const float x = key < count ? __bfloat162float(key_rows[key * kHeadDim + d]) : 0.0f;
-    key_codes[key * kHeadDim + d] = fp8::to_e4m3(__fdiv_rn(x, key_scale));
+    const bool staged_key = key < count;
+    key_column[r] = staged_key ? __bfloat162float(key_rows[key * kHeadDim + d]) : 0.0f;
+    value_column[r] = staged_key ? __bfloat162float(value_rows[key * kHeadDim + d]) : 0.0f;
+  }
+  const float key_scale = scale_of(staged.amax[head]);
+  const float value_scale = scale_of(staged.amax[staged.kv_heads + head]);
+  uint8_t* key_codes = staged.keys + static_cast<int64_t>(head) * staged.stride * kHeadDim;
+#pragma unroll
+  for (int r = 0; r < kKeyGroup; ++r) {
+    key_codes[(first + r) * kHeadDim + d] = fp8::to_e4m3(__fdiv_rn(key_column[r], key_scale));
   }
   uint8_t* value_codes = staged.values + static_cast<int64_t>(head) * staged.stride * kHeadDim;
 #pragma unroll
@@ -155,8 +163,7 @@ __global__ void stage_fp8_keys_kernel(const bf16* keys, const bf16* values, int6
       uint32_t word = 0;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int64_t key = first + kValueRun * run + 4 * w + i;
-        const float x = key < count ? __bfloat162float(value_rows[key * kHeadDim + d]) : 0.0f;
+        const float x = value_column[kValueRun * run + 4 * w + i];
         word |= static_cast<uint32_t>(fp8::to_e4m3(__fdiv_rn(x, value_scale))) << (8 * i);
       }
       words[w] = word;
