@@ -16,6 +16,7 @@
 // virtual key sequence (detail::SparseKeys), as the bf16 wgmma kernel does: the producer looks each
 // slot's staged row up in a small table it fills one tile ahead. Its values are copied a run at a
 // time, so selected blocks and segments must be multiples of 8 keys.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -23,6 +24,7 @@
 #include "backends/cuda/flash_attention.h"
 #include "backends/cuda/flash_attention_internal.cuh"
 #include "backends/cuda/fp8_device.cuh"
+#include "backends/cuda/row_ops.cuh"
 #include "backends/cuda/wgmma_device.cuh"
 
 namespace entropyinfer::cuda {
@@ -97,78 +99,99 @@ struct Fp8SparseParams : Fp8FlashParams, SparsePlanFields {};
 template <bool kSparse>
 using Fp8KernelParams = std::conditional_t<kSparse, Fp8SparseParams, Fp8FlashParams>;
 
-// Largest |key| and |value| per KV head: each thread reduces 8 consecutive elements of both.
-template <int kHeadDim>
-__global__ void staged_amax_kernel(const bf16* keys, const bf16* values, int64_t cache_stride,
-                                   int64_t count, int kv_heads, float* amax) {
-  const int head = blockIdx.y;
-  const int64_t index = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
-  float key_max = 0.0f, value_max = 0.0f;
-  if (index < count) {
-    const int64_t offset = static_cast<int64_t>(head) * cache_stride * kHeadDim + index;
-    const uint4 k = *reinterpret_cast<const uint4*>(keys + offset);
-    const uint4 v = *reinterpret_cast<const uint4*>(values + offset);
-    const bf16* k8 = reinterpret_cast<const bf16*>(&k);
-    const bf16* v8 = reinterpret_cast<const bf16*>(&v);
+// Largest |key| and |value| per KV head: each block strides over one head's elements 8 at a time
+// and adds one atomic per maximum (per warp, a 128k-token head's atomics on one address queued up).
+constexpr int kAmaxThreads = 256;
+constexpr int kAmaxBlocksPerHead = 64;
+
+__device__ __forceinline__ float max_magnitude8(const uint4& packed, float amax) {
+  const bf16* x = reinterpret_cast<const bf16*>(&packed);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      key_max = fmaxf(key_max, fabsf(__bfloat162float(k8[i])));
-      value_max = fmaxf(value_max, fabsf(__bfloat162float(v8[i])));
-    }
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(__bfloat162float(x[i])));
+  return amax;
+}
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(kAmaxThreads)
+    staged_amax_kernel(const bf16* keys, const bf16* values, int64_t cache_stride, int64_t count,
+                       int kv_heads, float* amax) {
+  const int head = blockIdx.y;
+  const int64_t offset = static_cast<int64_t>(head) * cache_stride * kHeadDim;
+  const uint4* key_vectors = reinterpret_cast<const uint4*>(keys + offset);
+  const uint4* value_vectors = reinterpret_cast<const uint4*>(values + offset);
+  float key_max = 0.0f, value_max = 0.0f;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * kAmaxThreads + threadIdx.x; v < count / 8;
+       v += static_cast<int64_t>(gridDim.x) * kAmaxThreads) {
+    key_max = max_magnitude8(key_vectors[v], key_max);
+    value_max = max_magnitude8(value_vectors[v], value_max);
   }
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    key_max = fmaxf(key_max, __shfl_xor_sync(0xffffffffu, key_max, offset));
-    value_max = fmaxf(value_max, __shfl_xor_sync(0xffffffffu, value_max, offset));
-  }
+  key_max = row_ops::block_max(key_max);
+  value_max = row_ops::block_max(value_max);
   // Non-negative floats order as their bit patterns do.
-  if (threadIdx.x % 32 == 0) {
+  if (threadIdx.x == 0) {
     atomicMax(reinterpret_cast<int*>(amax) + head, __float_as_int(key_max));
     atomicMax(reinterpret_cast<int*>(amax) + kv_heads + head, __float_as_int(value_max));
   }
 }
 
-// One group of 32 keys of one KV head per block, one head-dim column per thread: the keys' codes
-// row by row, the values' codes transposed within each run of 8 keys. Keys past `keys` stage as
-// zeros. Every load is issued before any store: the byte stores may alias the bf16 rows for all
-// the compiler knows, and loads behind a store would wait out one memory latency each.
+// One group of 32 keys of one KV head per block of head_dim threads. The group's keys and values
+// are contiguous in the cache: each thread loads 8 elements at a time (four times), writes the
+// keys' codes in place, and puts the values' codes in shared memory, from which each thread then
+// gathers 8 keys of one column, a run of the transposed layout. Keys past `keys` stage as zeros.
 template <int kHeadDim>
-__global__ void stage_fp8_keys_kernel(const bf16* keys, const bf16* values, int64_t cache_stride,
-                                      int64_t count, Fp8StagedKeys staged) {
+__global__ void __launch_bounds__(kHeadDim)
+    stage_fp8_keys_kernel(const bf16* keys, const bf16* values, int64_t cache_stride, int64_t count,
+                          Fp8StagedKeys staged) {
+  constexpr int kVectors = kKeyGroup * kHeadDim / 8 / kHeadDim;  // 8-element loads per thread
+  __shared__ __align__(16) uint8_t value_codes_by_key[kKeyGroup * kHeadDim];
   const int head = blockIdx.y;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kKeyGroup;
-  const int d = threadIdx.x;
-  const bf16* key_rows = keys + static_cast<int64_t>(head) * cache_stride * kHeadDim;
-  const bf16* value_rows = values + static_cast<int64_t>(head) * cache_stride * kHeadDim;
-  float key_column[kKeyGroup], value_column[kKeyGroup];
+  const int64_t group_offset = (static_cast<int64_t>(head) * cache_stride + first) * kHeadDim;
+  uint4 key_loads[kVectors], value_loads[kVectors];
 #pragma unroll
-  for (int r = 0; r < kKeyGroup; ++r) {
-    const int64_t key = first + r;
-    const bool staged_key = key < count;
-    key_column[r] = staged_key ? __bfloat162float(key_rows[key * kHeadDim + d]) : 0.0f;
-    value_column[r] = staged_key ? __bfloat162float(value_rows[key * kHeadDim + d]) : 0.0f;
+  for (int i = 0; i < kVectors; ++i) {
+    const int element = 8 * (threadIdx.x + i * kHeadDim);
+    const bool staged_key = first + element / kHeadDim < count;
+    key_loads[i] = staged_key ? *reinterpret_cast<const uint4*>(keys + group_offset + element)
+                              : make_uint4(0, 0, 0, 0);
+    value_loads[i] = staged_key ? *reinterpret_cast<const uint4*>(values + group_offset + element)
+                                : make_uint4(0, 0, 0, 0);
   }
   const float key_scale = scale_of(staged.amax[head]);
   const float value_scale = scale_of(staged.amax[staged.kv_heads + head]);
-  uint8_t* key_codes = staged.keys + static_cast<int64_t>(head) * staged.stride * kHeadDim;
+  auto codes8 = [](const uint4& packed, float scale) {
+    const bf16* x = reinterpret_cast<const bf16*>(&packed);
+    uint32_t words[2] = {0, 0};
 #pragma unroll
-  for (int r = 0; r < kKeyGroup; ++r) {
-    key_codes[(first + r) * kHeadDim + d] = fp8::to_e4m3(__fdiv_rn(key_column[r], key_scale));
+    for (int j = 0; j < 8; ++j) {
+      words[j / 4] |= static_cast<uint32_t>(fp8::to_e4m3(__fdiv_rn(__bfloat162float(x[j]), scale)))
+                      << (8 * (j % 4));
+    }
+    return make_uint2(words[0], words[1]);
+  };
+  uint8_t* key_codes =
+      staged.keys + (static_cast<int64_t>(head) * staged.stride + first) * kHeadDim;
+#pragma unroll
+  for (int i = 0; i < kVectors; ++i) {
+    const int element = 8 * (threadIdx.x + i * kHeadDim);
+    *reinterpret_cast<uint2*>(key_codes + element) = codes8(key_loads[i], key_scale);
+    *reinterpret_cast<uint2*>(value_codes_by_key + element) = codes8(value_loads[i], value_scale);
   }
-  uint8_t* value_codes = staged.values + static_cast<int64_t>(head) * staged.stride * kHeadDim;
+  __syncthreads();
+  // Run r of the group, column d: the 8 codes of keys 8r .. 8r+7 in column d.
+  uint8_t* value_codes =
+      staged.values + (static_cast<int64_t>(head) * staged.stride + first) * kHeadDim;
+  const int d = threadIdx.x;
 #pragma unroll
   for (int run = 0; run < kKeyGroup / kValueRun; ++run) {
-    uint32_t words[2];
+    uint32_t words[2] = {0, 0};
 #pragma unroll
-    for (int w = 0; w < 2; ++w) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float x = value_column[kValueRun * run + 4 * w + i];
-        word |= static_cast<uint32_t>(fp8::to_e4m3(__fdiv_rn(x, value_scale))) << (8 * i);
-      }
-      words[w] = word;
+    for (int k = 0; k < kValueRun; ++k) {
+      words[k / 4] |=
+          static_cast<uint32_t>(value_codes_by_key[(kValueRun * run + k) * kHeadDim + d])
+          << (8 * (k % 4));
     }
-    *reinterpret_cast<uint2*>(value_codes + (first + kValueRun * run) * kHeadDim + d * kValueRun) =
+    *reinterpret_cast<uint2*>(value_codes + run * kValueRun * kHeadDim + d * kValueRun) =
         make_uint2(words[0], words[1]);
   }
 }
@@ -580,10 +603,11 @@ template <int kHeadDim>
 void launch_staging(const bf16* key_cache, const bf16* value_cache, int64_t cache_stride,
                     int64_t keys, const Fp8StagedKeys& staged, cudaStream_t stream) {
   const int64_t count = keys * kHeadDim;
-  const int threads = 256;
-  const dim3 amax_grid(static_cast<unsigned>((count / 8 + threads - 1) / threads),
-                       static_cast<unsigned>(staged.kv_heads));
-  detail::staged_amax_kernel<kHeadDim><<<amax_grid, threads, 0, stream>>>(
+  const int64_t vector_blocks = (count / 8 + detail::kAmaxThreads - 1) / detail::kAmaxThreads;
+  const dim3 amax_grid(
+      static_cast<unsigned>(std::min<int64_t>(vector_blocks, detail::kAmaxBlocksPerHead)),
+      static_cast<unsigned>(staged.kv_heads));
+  detail::staged_amax_kernel<kHeadDim><<<amax_grid, detail::kAmaxThreads, 0, stream>>>(
       key_cache, value_cache, cache_stride, count, static_cast<int>(staged.kv_heads), staged.amax);
   check_launch("staged_amax_kernel");
   const dim3 grid(static_cast<unsigned>(staged.stride / detail::kKeyGroup),

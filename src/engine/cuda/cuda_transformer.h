@@ -68,9 +68,9 @@ struct CudaModelOptions {
   // blocks and segments of multiples of 8 keys. Elsewhere prompt attention stays bf16. The prefill
   // estimate reads bf16 keys either way. kAuto: FP8 with the FP8 cache, as vLLM's FP8 cache runs
   // FlashAttention-3 in FP8, for dense plans only. The sparse FP8 kernel runs the method's plans
-  // 1.15x faster than bf16 at 128k, but staging takes most of that back (a whole 128k entropy
-  // prefill gains 3.3%: bench/results/gpu-2026-12-07-fp8-sparse-attention.md) and the shipped
-  // model's eval has not been run with it, so sparse plans run in FP8 with kFp8 alone.
+  // 1.15x faster than bf16 at 128k (a whole 128k entropy prefill 3.5% shorter:
+  // bench/results/gpu-2026-12-07-fp8-sparse-attention.md), but the shipped model's eval has not
+  // been run with it, so sparse plans run in FP8 with kFp8 alone.
   using PromptAttention = entropyinfer::PromptAttention;
   PromptAttention prompt_attention = PromptAttention::kAuto;
 };
