@@ -22,6 +22,7 @@ Formats (--format):
 import argparse
 import collections
 import contextlib
+import copy
 import functools
 import itertools
 import math
@@ -44,6 +45,7 @@ FILLER = range(16, 16 + 96)
 KEYS = range(112, 112 + 72)
 VALUES = range(184, 184 + 72)
 VOCAB = 256
+FORMATS = ("question", "recall", "adjacent")
 
 
 def needle(fmt, key, value):
@@ -217,7 +219,7 @@ def prefetched(pool, job, seeds, depth):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--format", choices=["question", "recall", "adjacent"], default="question")
+    p.add_argument("--format", choices=FORMATS, default="question")
     p.add_argument("--seconds", type=float, default=300)
     p.add_argument("--length", type=int, default=128)
     p.add_argument("--batch", type=int, default=32)
@@ -233,6 +235,10 @@ def parse_args(argv=None):
                    help="train.CausalLM, or ReferenceLM (a GPT-2 style control that shares none of its parts)")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--curriculum", default="",
+                   help="later stages after --format and --length: comma-separated LENGTH or FORMAT:LENGTH, each "
+                        "taken once the accuracy of the stage before first passes halfway from elimination to 1 "
+                        "(e.g. 40,64 or recall:61)")
     p.add_argument("--constant-lr", action="store_true",
                    help="hold the lr after warmup (the cosine's decay can end a short run before matching forms)")
     p.add_argument("--lm-weight", type=float, default=0.0,
@@ -257,29 +263,52 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def parse_curriculum(text, fmt):
+    """[(format, length)] of --curriculum's stages; a stage without a format keeps the one before."""
+    stages = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        name, _, length = item.rpartition(":")
+        fmt = name or fmt
+        if fmt not in FORMATS or not length.isdigit():
+            raise SystemExit(f"--curriculum: '{item}' is not LENGTH or FORMAT:LENGTH (formats: {', '.join(FORMATS)})")
+        stages.append((fmt, int(length)))
+    return stages
+
+
 def run_probe(a, label=""):
     """Train one model; returns (steps, final window accuracy, its elimination baseline, first step above)."""
     torch.manual_seed(a.seed)
+    stages = [(a.format, a.length)] + parse_curriculum(a.curriculum, a.format)
+    longest = max(length for _, length in stages)
     cfg = dict(vocab=VOCAB, hidden=a.hidden, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads,
                head_dim=a.hidden // a.heads, intermediate=3 * a.hidden, rope_theta=a.rope_theta,
-               max_position=a.length, rms_norm_eps=1e-5)
+               max_position=longest, rms_norm_eps=1e-5)
     if a.model == "reference":
-        model = ReferenceLM(VOCAB, a.hidden, a.layers, a.heads, a.length).to(a.device)
+        model = ReferenceLM(VOCAB, a.hidden, a.layers, a.heads, longest).to(a.device)
     else:
-        model = train.CausalLM(cfg, a.length).to(a.device)
+        model = train.CausalLM(cfg, longest).to(a.device)
         model.init_weights()
     optimizer = train.make_optimizer(model, {"lr": a.lr, "weight_decay": 0.1}, a.device)
     cuda = a.device.startswith("cuda")
-    print(f"{label}{a.model} model, format {a.format}, {a.layers} layers x {a.hidden}, {sum(x.numel() for x in model.parameters())} "
-          f"parameters, {a.min_needles}-{a.max_needles} needles in {a.length} ids, {a.device}"
+    print(f"{label}{a.model} model, format {' then '.join(f'{f} in {n} ids' for f, n in stages)}, {a.layers} layers x "
+          f"{a.hidden}, {sum(x.numel() for x in model.parameters())} parameters, {a.min_needles}-{a.max_needles} "
+          f"needles, {a.device}"
           + (f", {a.repeat_share:.0%} repeated passages over {a.repeat_alphabet} ids" if a.repeat_share else ""),
           flush=True)
     # Batches are made by worker processes where there are cores to spare (the GPU outruns one
     # Python process making 512 samples a step); each batch has its own seed either way.
     seeds = ((a.seed << 32) + i for i in itertools.count())
-    job = functools.partial(make_batch, a)
     pool = multiprocessing.Pool(a.workers) if a.workers > 0 else None
-    batches = prefetched(pool, job, seeds, 2 * a.workers) if pool else map(job, seeds)
+
+    def batches_of(fmt, length):
+        at_stage = copy.copy(a)
+        at_stage.format, at_stage.length = fmt, length
+        job = functools.partial(make_batch, at_stage)
+        return prefetched(pool, job, seeds, 2 * a.workers) if pool else map(job, seeds)
+
+    stage = 0  # index into stages
+    batches = batches_of(*stages[stage])
+    passed = []  # first step halfway from elimination to 1, per stage passed
     start = last = time.time()
     step = 0
     # Right answers and answers by needle count, and what elimination would get right, per window.
@@ -332,20 +361,35 @@ def run_probe(a, label=""):
         if time.time() - last >= a.report_seconds:
             hits, count = by_needles.sum(dim=1).tolist()
             accuracy, base = hits / count, baseline_hits / count
-            if first_above is None and accuracy > (1 + base) / 2:  # halfway from elimination to 1
-                first_above = step
-            print(f"{label}{time.time() - start:6.1f}s step {step:6d} lr {lr:.1e} answer loss "
+            print(f"{label}{time.time() - start:6.1f}s step {step:6d} "
+                  + (f"{stages[stage][0]} {stages[stage][1]} " if len(stages) > 1 else "") + f"lr {lr:.1e} answer loss "
                   f"{answer_loss.item():.3f} accuracy {accuracy:.3f} (elimination {base:.3f}; by needles "
                   + " ".join(f"{n}: {r / m:.2f}" for n, (r, m) in enumerate(by_needles.t().tolist()) if m)
                   + ")" + (f"; repeated passages {repeat_hits[0] / repeat_hits[1]:.3f}" if repeat_hits[1] else ""),
                   flush=True)
+            if accuracy > (1 + base) / 2 and len(passed) == stage:  # halfway from elimination to 1
+                passed.append(step)
+                if stage + 1 < len(stages):
+                    stage += 1
+                    if pool:  # batches already made are of the stage before
+                        pool.terminate()
+                        pool = multiprocessing.Pool(a.workers)
+                    batches = batches_of(*stages[stage])
+                    print(f"{label}next stage at step {step}: {stages[stage][0]} in {stages[stage][1]} ids",
+                          flush=True)
+                else:
+                    first_above = step
             baseline_hits = 0.0
             by_needles.zero_()
             repeat_hits = [0, 0]
             last = time.time()
     if pool:
         pool.terminate()
-    print(f"{label}{step} steps; accuracy first halfway from elimination to 1 at step {first_above}", flush=True)
+    if len(stages) > 1:
+        print(f"{label}halfway from elimination to 1: "
+              + ", ".join(f"{f} in {n} ids at step {at}" for (f, n), at in zip(stages, passed)), flush=True)
+    print(f"{label}{step} steps; accuracy first halfway from elimination to 1 at step {first_above}"
+          + (" (in the last stage)" if len(stages) > 1 else ""), flush=True)
     return step, accuracy, base, first_above
 
 
