@@ -104,13 +104,6 @@ using Fp8KernelParams = std::conditional_t<kSparse, Fp8SparseParams, Fp8FlashPar
 constexpr int kAmaxThreads = 256;
 constexpr int kAmaxBlocksPerHead = 64;
 
-__device__ __forceinline__ float max_magnitude8(const uint4& packed, float amax) {
-  const bf16* x = reinterpret_cast<const bf16*>(&packed);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(__bfloat162float(x[i])));
-  return amax;
-}
-
 template <int kHeadDim>
 __global__ void __launch_bounds__(kAmaxThreads)
     staged_amax_kernel(const bf16* keys, const bf16* values, int64_t cache_stride, int64_t count,
@@ -122,8 +115,8 @@ __global__ void __launch_bounds__(kAmaxThreads)
   float key_max = 0.0f, value_max = 0.0f;
   for (int64_t v = static_cast<int64_t>(blockIdx.x) * kAmaxThreads + threadIdx.x; v < count / 8;
        v += static_cast<int64_t>(gridDim.x) * kAmaxThreads) {
-    key_max = max_magnitude8(key_vectors[v], key_max);
-    value_max = max_magnitude8(value_vectors[v], value_max);
+    key_max = fp8::bf16_max_magnitude(key_vectors[v], key_max);
+    value_max = fp8::bf16_max_magnitude(value_vectors[v], value_max);
   }
   key_max = row_ops::block_max(key_max);
   value_max = row_ops::block_max(value_max);
@@ -142,7 +135,7 @@ template <int kHeadDim>
 __global__ void __launch_bounds__(kHeadDim)
     stage_fp8_keys_kernel(const bf16* keys, const bf16* values, int64_t cache_stride, int64_t count,
                           Fp8StagedKeys staged) {
-  constexpr int kVectors = kKeyGroup * kHeadDim / 8 / kHeadDim;  // 8-element loads per thread
+  constexpr int kVectors = kKeyGroup / 8;  // 8-element loads per thread (kHeadDim threads)
   __shared__ __align__(16) uint8_t value_codes_by_key[kKeyGroup * kHeadDim];
   const int head = blockIdx.y;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kKeyGroup;
@@ -159,23 +152,14 @@ __global__ void __launch_bounds__(kHeadDim)
   }
   const float key_scale = scale_of(staged.amax[head]);
   const float value_scale = scale_of(staged.amax[staged.kv_heads + head]);
-  auto codes8 = [](const uint4& packed, float scale) {
-    const bf16* x = reinterpret_cast<const bf16*>(&packed);
-    uint32_t words[2] = {0, 0};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      words[j / 4] |= static_cast<uint32_t>(fp8::to_e4m3(__fdiv_rn(__bfloat162float(x[j]), scale)))
-                      << (8 * (j % 4));
-    }
-    return make_uint2(words[0], words[1]);
-  };
   uint8_t* key_codes =
       staged.keys + (static_cast<int64_t>(head) * staged.stride + first) * kHeadDim;
 #pragma unroll
   for (int i = 0; i < kVectors; ++i) {
     const int element = 8 * (threadIdx.x + i * kHeadDim);
-    *reinterpret_cast<uint2*>(key_codes + element) = codes8(key_loads[i], key_scale);
-    *reinterpret_cast<uint2*>(value_codes_by_key + element) = codes8(value_loads[i], value_scale);
+    *reinterpret_cast<uint2*>(key_codes + element) = fp8::quantize8(key_loads[i], key_scale);
+    *reinterpret_cast<uint2*>(value_codes_by_key + element) =
+        fp8::quantize8(value_loads[i], value_scale);
   }
   __syncthreads();
   // Run r of the group, column d: the 8 codes of keys 8r .. 8r+7 in column d.

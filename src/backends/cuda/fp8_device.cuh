@@ -1,11 +1,13 @@
-// E4M3 conversions on the device that follow core/fp8.h bit for bit, shared by the FP8 products and
-// the FP8 KV cache.
+// E4M3 conversions on the device that follow core/fp8.h bit for bit, shared by the FP8 products,
+// the FP8 KV cache and FP8 attention's staging.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "core/fp8.h"
 
@@ -31,6 +33,32 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_codes) {
 // row gets 1.
 __device__ __forceinline__ float row_scale(float amax) {
   return amax > 0.0f ? __fdiv_rn(amax, kFp8E4M3Max) : 1.0f;
+}
+
+// The largest of amax and the magnitudes of eight packed bf16 values.
+__device__ __forceinline__ float bf16_max_magnitude(const uint4& packed, float amax) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 values = __bfloat1622float2(pairs[i]);
+    amax = fmaxf(amax, fmaxf(fabsf(values.x), fabsf(values.y)));
+  }
+  return amax;
+}
+
+// Eight bf16 values as E4M3 codes of value / scale, packed in 8 bytes.
+__device__ __forceinline__ uint2 quantize8(const uint4& packed, float scale) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+  uint8_t codes[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 values = __bfloat1622float2(pairs[i]);
+    codes[2 * i] = to_e4m3(__fdiv_rn(values.x, scale));
+    codes[2 * i + 1] = to_e4m3(__fdiv_rn(values.y, scale));
+  }
+  uint2 out;
+  memcpy(&out, codes, sizeof(out));
+  return out;
 }
 
 }  // namespace entropyinfer::cuda::fp8

@@ -36,38 +36,15 @@ int kind_of(const Fp8Activations& scheme) {
 
 using row_ops::block_max;
 
+using fp8::bf16_max_magnitude;
 using fp8::e4m3_value;
+using fp8::quantize8;
 using fp8::to_e4m3;
 
 // fp8_dynamic_scale, with IEEE division as the host's.
 __device__ __forceinline__ float dynamic_scale(float amax, float upper_bound) {
   if (upper_bound > 0.0f) amax = fminf(amax, upper_bound);
   return fmaxf(__fdiv_rn(amax, kFp8E4M3Max), kFp8MinActivationScale);
-}
-
-__device__ __forceinline__ float bf16_max_magnitude(const uint4& packed, float amax) {
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 values = __bfloat1622float2(pairs[i]);
-    amax = fmaxf(amax, fmaxf(fabsf(values.x), fabsf(values.y)));
-  }
-  return amax;
-}
-
-// Eight bf16 values as E4M3 codes of value / scale, packed in 8 bytes.
-__device__ __forceinline__ uint2 quantize8(const uint4& packed, float scale) {
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
-  uint8_t codes[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 values = __bfloat1622float2(pairs[i]);
-    codes[2 * i] = to_e4m3(__fdiv_rn(values.x, scale));
-    codes[2 * i + 1] = to_e4m3(__fdiv_rn(values.y, scale));
-  }
-  uint2 out;
-  memcpy(&out, codes, sizeof(out));
-  return out;
 }
 
 // One block per row. kVector: width and the row stride are multiples of 8 and x is 16-byte aligned,
