@@ -316,7 +316,6 @@ def run_probe(a, label=""):
     repeat_hits = [0, 0]  # right predictions and predictions on the repeated passages' second copy
     baseline_hits = 0.0
     accuracy = base = 0.0
-    first_above = None
     while time.time() - start < a.seconds:
         batch, answer_pos, needles = next(batches)
         repeats = len(batch) - len(needles)
@@ -377,14 +376,13 @@ def run_probe(a, label=""):
                     batches = batches_of(*stages[stage])
                     print(f"{label}next stage at step {step}: {stages[stage][0]} in {stages[stage][1]} ids",
                           flush=True)
-                else:
-                    first_above = step
             baseline_hits = 0.0
             by_needles.zero_()
             repeat_hits = [0, 0]
             last = time.time()
     if pool:
         pool.terminate()
+    first_above = passed[-1] if len(passed) == len(stages) else None
     if len(stages) > 1:
         print(f"{label}halfway from elimination to 1: "
               + ", ".join(f"{f} in {n} ids at step {at}" for (f, n), at in zip(stages, passed)), flush=True)
