@@ -31,8 +31,10 @@
 #                  (default "16 32 64") with per-row scales, swapped, and unscaled + a scaling kernel
 #   GEMM_ARGS      more flags for the gemm step (e.g. "--tokens 16,32,64")
 #   fp8quality     the shipped model's eval (FP8_EVAL_TASKS, FP8_EVAL_LENGTHS, FP8_EVAL_SAMPLES,
-#                  FP8_EVAL_METHODS, FP8_EVAL_BUDGETS) in bf16, with --weights fp8 and with
-#                  --kv-cache fp8 (carry .cache/assets-text)
+#                  FP8_EVAL_METHODS, FP8_EVAL_BUDGETS) per entry of FP8_EVAL_VARIANTS (default all
+#                  four: bf16, fp8-weights, fp8-cache, and fp8-attention: the FP8 cache with
+#                  --prompt-attention fp8, which sparse plans take only when asked; carry
+#                  .cache/assets-text)
 #   fp8            FP8 against bf16 (after gemm, whose JSON it reads when it ran): the model bench
 #                  with bf16, FP8 projections, and FP8 projections with the FP8 KV cache
 #                  (FP8_PREFILL, MODEL_DECODE), FP8_METHODS (default full,entropy+latent) at
@@ -258,16 +260,18 @@ if [[ "${steps}" == *",protocols,"* && -x "${build}/entropyinfer" ]]; then
 fi
 
 if [[ "${steps}" == *",fp8quality,"* && -x "${build}/entropyinfer" ]]; then
-  # The shipped model's eval in bf16, with FP8 projections (quantized at load) and with the FP8 KV
-  # cache, each alone, on the same samples: fp8-eval-<variant>.{json,md}, tarred into fp8-eval.tar.
+  # The shipped model's eval in bf16, with FP8 projections (quantized at load), with the FP8 KV
+  # cache, and with the FP8 cache and FP8 prompt attention for every plan, each on the same samples:
+  # fp8-eval-<variant>.{json,md}, tarred into fp8-eval.tar.
   section fp8quality
   start=$(date +%s)
   model_dir="${repo_root}/models/needle-llama-11m"
   text_dir="${TEXT_DIR:-${repo_root}/.cache/assets-text}"
-  for variant in bf16 fp8-weights fp8-cache; do
+  for variant in ${FP8_EVAL_VARIANTS:-bf16 fp8-weights fp8-cache fp8-attention}; do
     variant_args=()
     [[ "${variant}" == fp8-weights ]] && variant_args=(--weights fp8)
     [[ "${variant}" == fp8-cache ]] && variant_args=(--kv-cache fp8)
+    [[ "${variant}" == fp8-attention ]] && variant_args=(--kv-cache fp8 --prompt-attention fp8)
     timeout -k 10 240 "${build}/entropyinfer" eval -m "${model_dir}" --device cuda --text-dir "${text_dir}" \
       --tasks "${FP8_EVAL_TASKS:-niah_single,niah_multikey}" --lengths "${FP8_EVAL_LENGTHS:-4096,16384}" \
       --samples "${FP8_EVAL_SAMPLES:-100}" --methods "${FP8_EVAL_METHODS:-full,entropy+latent}" \
