@@ -80,6 +80,11 @@ QUESTION_ONE = "What is the secret of {key}? It is"
 # Training only: a needle's own opening as the question, so that an induction head (match the
 # token before, copy the token after) answers it; see TRAIN_MIXES["recall"].
 QUESTION_RECALL = "The secret of {key} is"
+# Training only: a needle as its key and value alone on a line, asked by its key alone, so that the
+# value is the token right after the key and one induction step (match the key, copy what follows)
+# answers it; see TRAIN_MIXES["pairs"].
+NEEDLE_PAIR = " {key} {value}."
+QUESTION_PAIR = " {key}"
 QUESTION_ALL_VALUES = "What are all the secrets of {key}? They are"
 QUESTION_MANY_KEYS = "What are the secrets of{keys}? They are"
 VT_FIRST = "VAR {name} = {number}"
@@ -491,6 +496,12 @@ TRAIN_MIXES = {
     # match_one copied single needles within 1,200 steps but stayed at chance on niah_match through
     # 4,500 more; matching the key three tokens back ("KEY? It is") never began.
     "recall": [("niah_recall", 45, 0), ("niah_match", 25, 0), ("niah_one", 20, 0), ("multiquery", 10, 0)],
+    # Key matching as associative recall, the stepping stone of smoke/match_probe.py: needles " KEY
+    # VALUE." with as many as fit (4 at 128 tokens) all asked by " KEY". In the probe, matching formed
+    # within about 3,500 steps in this form at 29 ids and never in "The secret of KEY is" or at 61-64
+    # ids from scratch; once formed it carried over at once to longer rows and to the question form
+    # (runs/2026-11-29.md, 2026-12-07). So a fresh model takes it first, in short dense rows.
+    "pairs": [("niah_pairs", 100, 0)],
     # For a fresh model (round 7 on): "match" with four times the single needles. Round 1's mixture,
     # whose 256-token answers were spread over multi-needle families like "match"'s, never started
     # to copy; single needles ("one") did within about 600 steps (round 2). Here both skills get
@@ -567,6 +578,16 @@ def _training_sample(rng, family, length, res, measure, shrink):
         question = QUESTION_ONE if family == "niah_match" else QUESTION_RECALL
         questions = [(question.format(key=keys[i]), [values[i]]) for i in asked]
         return make_haystack_sample(family, lines, start, needles, questions, full_measure, length, noise,
+                                    k_max=max_lines)
+    if family == "niah_pairs":
+        n = max(2, min(16, length // 32) >> shrink)
+        keys = rng.sample(res.keys, n)
+        values = rng.sample(res.values, n)
+        depths = [rng.below(1001) for _ in range(n)]
+        asked = rng.sample(range(n), min(n, 8))
+        needles = [(depths[i], NEEDLE_PAIR.format(key=keys[i], value=values[i])) for i in range(n)]
+        questions = [(QUESTION_PAIR.format(key=keys[i]), [values[i]]) for i in asked]
+        return make_haystack_sample("niah_pairs", lines, start, needles, questions, full_measure, length, noise,
                                     k_max=max_lines)
     if family in ("niah", "niah_all", "niah_few", "niah_one"):
         n_max = max(1, min(16, length // 32) >> shrink)
@@ -690,6 +711,9 @@ def verify_sample(sample, res_keys_values=None):
     if task in ("niah_single", "niah_multikey", "niah", "niah_match"):
         key = re.search(r"What is the secret of (\w+)\? It is$", prompt.split("\n")[-1]).group(1)
         check(f"The secret of {key} is {sample.answers[0]}." in prompt, "needle missing")
+    elif task == "niah_pairs":
+        key = re.fullmatch(r" (\w+)", prompt.split("\n")[-1]).group(1)
+        check(f" {key} {sample.answers[0]}." in prompt.split("\n"), "paired needle missing")
     elif task == "niah_recall":
         key = re.search(r"^The secret of (\w+) is$", prompt.split("\n")[-1]).group(1)
         check(f"The secret of {key} is {sample.answers[0]}." in prompt, "recalled needle missing")
@@ -790,7 +814,7 @@ def self_test(text_dir, ruler_dir):
             verify_sample(Sample(sample.task, sample.segments, sample.answers, 1))
     print(f"  training families drawn: {families}")
     for mix in TRAIN_MIXES:
-        for length in (256, 1024):
+        for length in (128, 256, 1024):
             for _ in range(20):
                 sample = training_sample(rng, length, train_res, lambda text: 2 + approx_tokens(text), mix)
                 check(2 + approx_tokens(sample.full_text()) <= length, f"{mix} training sample over {length}")

@@ -64,8 +64,8 @@ GATE_MAX_EXTENSION = 0.15
 MAX_MODEL_MB = 50.0
 # Answer-word tokens carry their task family in the kind: ANSWER_WORD_BASE + family index, so the
 # log can show what each family has learnt.
-FAMILIES = ["niah", "niah_match", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "niah_recall"]
-FAMILY_SHORT = ["niah", "match", "mv", "mq", "vt", "cwe", "fwe", "recall"]
+FAMILIES = ["niah", "niah_match", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "niah_recall", "niah_pairs"]
+FAMILY_SHORT = ["niah", "match", "mv", "mq", "vt", "cwe", "fwe", "recall", "pairs"]
 ANSWER_WORD_BASE = 10
 
 
