@@ -580,7 +580,8 @@ def _training_sample(rng, family, length, res, measure, shrink):
         return make_haystack_sample(family, lines, start, needles, questions, full_measure, length, noise,
                                     k_max=max_lines)
     if family == "niah_pairs":
-        n = max(2, min(16, length // 32) >> shrink)
+        # At least 4 needles, so that short rows are almost all needles and questions.
+        n = max(2, max(4, min(16, length // 32)) >> shrink)
         keys = rng.sample(res.keys, n)
         values = rng.sample(res.values, n)
         depths = [rng.below(1001) for _ in range(n)]
@@ -814,7 +815,7 @@ def self_test(text_dir, ruler_dir):
             verify_sample(Sample(sample.task, sample.segments, sample.answers, 1))
     print(f"  training families drawn: {families}")
     for mix in TRAIN_MIXES:
-        for length in (128, 256, 1024):
+        for length in (48, 128, 256, 1024) if mix == "pairs" else (128, 256, 1024):
             for _ in range(20):
                 sample = training_sample(rng, length, train_res, lambda text: 2 + approx_tokens(text), mix)
                 check(2 + approx_tokens(sample.full_text()) <= length, f"{mix} training sample over {length}")
