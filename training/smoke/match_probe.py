@@ -45,6 +45,15 @@ FILLER = range(16, 16 + 96)
 KEYS = range(112, 112 + 72)
 VALUES = range(184, 184 + 72)
 VOCAB = 256
+
+
+def set_pool(size):
+    """Keys and values drawn from `size` ids each (the training tasks draw from about 450 keys and
+    570 values); worker processes are forked after this and inherit it."""
+    global KEYS, VALUES, VOCAB
+    KEYS = range(112, 112 + size)
+    VALUES = range(112 + size, 112 + 2 * size)
+    VOCAB = max(256, -(-(112 + 2 * size) // 64) * 64)
 FORMATS = ("question", "recall", "adjacent")
 
 
@@ -226,6 +235,7 @@ def parse_args(argv=None):
     p.add_argument("--min-needles", type=int, default=2)
     p.add_argument("--max-needles", type=int, default=6)
     p.add_argument("--questions", type=int, default=2)
+    p.add_argument("--pool", type=int, default=72, help="ids that keys, and values, are drawn from")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
@@ -278,6 +288,7 @@ def parse_curriculum(text, fmt):
 def run_probe(a, label=""):
     """Train one model; returns (steps, final window accuracy, its elimination baseline, first step above)."""
     torch.manual_seed(a.seed)
+    set_pool(a.pool)
     stages = [(a.format, a.length)] + parse_curriculum(a.curriculum, a.format)
     longest = max(length for _, length in stages)
     cfg = dict(vocab=VOCAB, hidden=a.hidden, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads,
@@ -394,6 +405,7 @@ def run_probe(a, label=""):
 def main():
     a = parse_args()
     if a.check_data:
+        set_pool(a.pool)
         wrong = check_samples(a.format, a.check_data, a.length, a.min_needles, a.max_needles, a.questions)
         print(f"{a.format}: {wrong} of {a.check_data} samples wrong")
         sys.exit(1 if wrong else 0)
