@@ -54,6 +54,8 @@ def set_pool(size):
     KEYS = range(112, 112 + size)
     VALUES = range(112 + size, 112 + 2 * size)
     VOCAB = max(256, -(-(112 + 2 * size) // 64) * 64)
+
+
 FORMATS = ("question", "recall", "adjacent")
 
 
