@@ -427,6 +427,7 @@ TEST_F(SchedulerTest, APrefillBesideDecodingStreamsTakesTheSmallBudget) {
   SchedulerOptions options;
   options.prefill_token_layers_per_step = int64_t{1} << 30;
   options.prefill_token_layers_while_decoding = 1;
+  options.decode_wait_steps = 0;
   BatchModelOptions model_options;
   model_options.pool_bytes = int64_t{64} << 20;
   Scheduler scheduler(
@@ -455,6 +456,77 @@ TEST_F(SchedulerTest, APrefillBesideDecodingStreamsTakesTheSmallBudget) {
   EXPECT_EQ(alone_prefill_steps, 1) << "the first prompt, alone, in one step";
   // The second prompt, beside the first's decoding, a layer per step.
   EXPECT_EQ(beside_prefill_steps, weights_->config.num_layers);
+}
+
+// While a prompt prefills, a lone answer sits out prefill steps instead of decoding beside each,
+// then decodes together with the prompt's answer; neither text changes.
+TEST_F(SchedulerTest, ALoneAnswerWaitsForAPrefillAndThenDecodesBesideIt) {
+  std::vector<RecordingBatchModel::Step> steps;
+  SchedulerOptions options;
+  options.prefill_token_layers_per_step = int64_t{1} << 30;
+  options.prefill_token_layers_while_decoding = 1;
+  options.decode_wait_steps = 1000;
+  options.decode_wait_batch = 2;
+  BatchModelOptions model_options;
+  model_options.pool_bytes = int64_t{64} << 20;
+  Scheduler scheduler(
+      std::make_unique<RecordingBatchModel>(make_batch_model(*weights_, model_options), &steps),
+      *tokenizer_, options);
+  const SequenceRequest first = request("full", 20, 24);
+  const SequenceRequest second = request("entropy+snapkv", 30, 4);
+  auto first_stream = scheduler.submit(first);
+  auto second_stream = scheduler.submit(second);
+  const Answer first_answer = read_all(*first_stream);
+  const Answer second_answer = read_all(*second_stream);
+  scheduler.wait_idle();
+  EXPECT_EQ(first_answer.text, alone(first).text);
+  EXPECT_EQ(second_answer.text, alone(second).text);
+  int waiting_prefill_steps = 0, pair_steps = 0;
+  for (const RecordingBatchModel::Step& step : steps) {
+    if (step.prefills) {
+      EXPECT_EQ(step.decoding, 0u) << "a lone answer decoded beside the prefill";
+      if (step.budget == static_cast<double>(options.prefill_token_layers_while_decoding)) {
+        ++waiting_prefill_steps;
+      }
+    }
+    if (step.decoding == 2) ++pair_steps;
+  }
+  // The second prompt, a layer per step while the first answer waits; then both decode together.
+  EXPECT_EQ(waiting_prefill_steps, weights_->config.num_layers);
+  EXPECT_EQ(pair_steps, 3) << "the second answer's 3 tokens after its first";
+}
+
+// The wait has a limit: after sitting out that many prefill steps the lone answer decodes beside
+// the next one, and then waits again.
+TEST_F(SchedulerTest, AWaitingAnswerDecodesAfterItsStepsOfWaiting) {
+  std::vector<RecordingBatchModel::Step> steps;
+  SchedulerOptions options;
+  options.prefill_token_layers_per_step = int64_t{1} << 30;
+  options.prefill_token_layers_while_decoding = 1;
+  options.decode_wait_steps = 2;
+  options.decode_wait_batch = 2;
+  BatchModelOptions model_options;
+  model_options.pool_bytes = int64_t{64} << 20;
+  Scheduler scheduler(
+      std::make_unique<RecordingBatchModel>(make_batch_model(*weights_, model_options), &steps),
+      *tokenizer_, options);
+  const SequenceRequest first = request("full", 20, 40);
+  const SequenceRequest second = request("entropy+snapkv", 30, 4);
+  auto first_stream = scheduler.submit(first);
+  auto second_stream = scheduler.submit(second);
+  const Answer first_answer = read_all(*first_stream);
+  const Answer second_answer = read_all(*second_stream);
+  scheduler.wait_idle();
+  EXPECT_EQ(first_answer.text, alone(first).text);
+  EXPECT_EQ(second_answer.text, alone(second).text);
+  // The second prompt's prefill, a layer per step, beside the first answer: two steps without
+  // it, one with it, over and over.
+  std::string pattern;
+  for (size_t i = 1; i < steps.size(); ++i) {
+    if (steps[i].prefills) pattern += steps[i].decoding == 0 ? 'w' : 'd';
+  }
+  const std::string expected = std::string("wwdwwdwwdwwd").substr(0, weights_->config.num_layers);
+  EXPECT_EQ(pattern, expected);
 }
 
 }  // namespace

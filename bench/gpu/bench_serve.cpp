@@ -259,6 +259,8 @@ int run_serve_bench(int argc, char** argv) {
   std::string separate_scaling = "on";  // on: FP8 products of 9-64 rows unscaled, then scaled
   int64_t prefill_budget = serve::SchedulerOptions{}.prefill_token_layers_per_step;
   int64_t prefill_budget_decoding = serve::SchedulerOptions{}.prefill_token_layers_while_decoding;
+  int decode_wait_steps = serve::SchedulerOptions{}.decode_wait_steps;
+  int decode_wait_batch = serve::SchedulerOptions{}.decode_wait_batch;
   for_each_flag(argc, argv, [&](const std::string& flag, const std::string& value) {
     if (flag == "--shape")
       shape_name = value;
@@ -312,6 +314,10 @@ int run_serve_bench(int argc, char** argv) {
       prefill_budget = std::stoll(value);
     else if (flag == "--prefill-budget-decoding")
       prefill_budget_decoding = std::stoll(value);
+    else if (flag == "--decode-wait-steps")
+      decode_wait_steps = std::stoi(value);
+    else if (flag == "--decode-wait-batch")
+      decode_wait_batch = std::stoi(value);
     else
       return false;
     return true;
@@ -365,7 +371,11 @@ int run_serve_bench(int argc, char** argv) {
                            {"weights", weights},
                            {"fp8_separate_scaling", separate_scaling == "on"},
                            {"pool_pages", pool.pages_total},
-                           {"page_bytes", pool.page_bytes}};
+                           {"page_bytes", pool.page_bytes},
+                           {"prefill_budget", prefill_budget},
+                           {"prefill_budget_decoding", prefill_budget_decoding},
+                           {"decode_wait_steps", decode_wait_steps},
+                           {"decode_wait_batch", decode_wait_batch}};
   const int vocab = config.vocab_size;
 
   // The floor scenario drives the batch model directly, before the scheduler owns it.
@@ -437,6 +447,8 @@ int run_serve_bench(int argc, char** argv) {
   serve::SchedulerOptions scheduler_options;
   scheduler_options.prefill_token_layers_per_step = prefill_budget;
   scheduler_options.prefill_token_layers_while_decoding = prefill_budget_decoding;
+  scheduler_options.decode_wait_steps = decode_wait_steps;
+  scheduler_options.decode_wait_batch = decode_wait_batch;
   serve::Scheduler scheduler(std::move(owned), *tokenizer, scheduler_options);
 
   if (wants("long")) {

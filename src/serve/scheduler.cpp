@@ -55,6 +55,7 @@ struct Scheduler::Active {
   std::shared_ptr<RequestStream> stream;
   BatchModel::PageNeed pages;
   Clock::time_point submitted, prefill_started, first_token;
+  int steps_waited = 0;  // prefill steps sat out since its last token
   std::optional<Sampler> sampler;
   std::optional<StreamingDecoder> decoder;
   std::optional<StopStringFilter> filter;
@@ -356,17 +357,34 @@ void Scheduler::serve_loop() {
     std::vector<Active*> decoding;
     for (auto& a : active) {
       if (a->prefilled) {
-        input.decode.push_back(a->sequence);
-        input.decode_tokens.push_back(a->next_token);
         decoding.push_back(a.get());
       } else if (prefill == nullptr) {
         prefill = a.get();
         input.prefill = a->sequence;
       }
     }
+    // The prefill keeps the small budget while answers wait, so that the steps they sit out stay
+    // short.
     input.prefill_budget =
         static_cast<double>(decoding.empty() ? options_.prefill_token_layers_per_step
                                              : options_.prefill_token_layers_while_decoding);
+    if (prefill != nullptr && !decoding.empty() &&
+        static_cast<int>(decoding.size()) < options_.decode_wait_batch) {
+      const int waited = (*std::max_element(decoding.begin(), decoding.end(),
+                                            [](const Active* x, const Active* y) {
+                                              return x->steps_waited < y->steps_waited;
+                                            }))
+                             ->steps_waited;
+      if (waited < options_.decode_wait_steps) {
+        for (Active* a : decoding) ++a->steps_waited;
+        decoding.clear();
+      }
+    }
+    for (Active* a : decoding) {
+      a->steps_waited = 0;
+      input.decode.push_back(a->sequence);
+      input.decode_tokens.push_back(a->next_token);
+    }
     if (prefill != nullptr || !decoding.empty()) {
       try {
         BatchModel::StepOutput output = model_->step(input);

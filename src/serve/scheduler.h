@@ -1,7 +1,8 @@
 // The serving loop: a queue of requests, admission by the KV pool's worst case, and continuous
 // batching over a BatchModel (engine/batch_model.h). One thread owns the model; each step decodes
-// one token of every running sequence together and advances at most one prefill by a few layers,
-// so that a long prompt does not freeze the other streams. Requests talk to it through a
+// one token of every running sequence together (a small batch may wait while a prompt prefills:
+// SchedulerOptions) and advances at most one prefill by a few layers, so that a long prompt does
+// not freeze the other streams. Requests talk to it through a
 // RequestStream: text as it is generated, then one final event.
 #pragma once
 
@@ -115,6 +116,15 @@ struct SchedulerOptions {
   // about doubles while a long prompt runs; with nothing decoding, prompts take larger steps.
   int64_t prefill_token_layers_per_step = 65536;
   int64_t prefill_token_layers_while_decoding = 8192;
+  // While a prompt prefills, a decode batch of fewer than `decode_wait_batch` sequences sits out
+  // up to `decode_wait_steps` prefill steps between tokens. A decode step reads every weight for
+  // one row as for many, so a lone answer decoded beside every prefill slice costs a whole weight
+  // read per token; waiting lets the answers of consecutive long prompts overlap and share those
+  // reads. Counted in steps, not time: a step without decode rows returns before the GPU has run
+  // it. Larger batches, and every batch while nothing prefills, decode at every step; 0 steps
+  // turns it off.
+  int decode_wait_batch = 4;
+  int decode_wait_steps = 4;
 };
 
 class QueueFullError : public Error {

@@ -34,6 +34,8 @@ struct ServeArgs {
   int max_queued = serve::SchedulerOptions{}.max_queued;
   int64_t prefill_budget = serve::SchedulerOptions{}.prefill_token_layers_per_step;
   int64_t prefill_budget_decoding = serve::SchedulerOptions{}.prefill_token_layers_while_decoding;
+  int decode_wait_steps = serve::SchedulerOptions{}.decode_wait_steps;
+  int decode_wait_batch = serve::SchedulerOptions{}.decode_wait_batch;
   int64_t max_body_bytes = serve::ServeConfig{}.max_body_bytes;
   int http_threads = serve::ServeConfig{}.http_threads;
   AttentionOptions attention;
@@ -105,6 +107,8 @@ void run_serve(CLI::App* command, const ServeArgs& args) {
   scheduler_options.max_queued = args.max_queued;
   scheduler_options.prefill_token_layers_per_step = args.prefill_budget;
   scheduler_options.prefill_token_layers_while_decoding = args.prefill_budget_decoding;
+  scheduler_options.decode_wait_steps = args.decode_wait_steps;
+  scheduler_options.decode_wait_batch = args.decode_wait_batch;
   serve::Scheduler scheduler(make_batch_model(weights, model_options), *tokenizer,
                              scheduler_options);
 
@@ -171,6 +175,18 @@ void register_serve(CLI::App& app) {
                    "Prefill work per step while other sequences decode: smaller keeps their "
                    "inter-token latency down, larger finishes long prompts sooner")
       ->check(integer_in(1, int64_t{1} << 40))
+      ->capture_default_str();
+  command
+      ->add_option("--decode-wait-steps", args->decode_wait_steps,
+                   "While a prompt prefills, a decode batch smaller than --decode-wait-batch "
+                   "sits out up to this many prefill steps between tokens, so that answers share "
+                   "weight reads (0: decode at every step)")
+      ->check(integer_in(0, 1 << 20))
+      ->capture_default_str();
+  command
+      ->add_option("--decode-wait-batch", args->decode_wait_batch,
+                   "Decode batches at least this large never wait for a prefill")
+      ->check(integer_in(1, 1 << 20))
       ->capture_default_str();
   command
       ->add_option("--max-queued", args->max_queued,
