@@ -68,6 +68,52 @@ Answer read_all(RequestStream& stream) {
   return answer;
 }
 
+// The batch model, with every step's prefill budget and decode rows written down (the scheduler
+// calls it from its one thread; read after wait_idle).
+class RecordingBatchModel : public BatchModel {
+ public:
+  struct Step {
+    bool prefills = false;
+    size_t decoding = 0;
+    double budget = 0;
+  };
+  RecordingBatchModel(std::unique_ptr<BatchModel> model, std::vector<Step>* steps)
+      : model_(std::move(model)), steps_(steps) {}
+  SequenceId open(const AttentionConfig& attention, std::vector<int32_t> prompt,
+                  int max_new_tokens) override {
+    return model_->open(attention, std::move(prompt), max_new_tokens);
+  }
+  void close(SequenceId sequence) override { model_->close(sequence); }
+  void ask_prompt_logprobs(SequenceId sequence, int top, int scored_ids) override {
+    model_->ask_prompt_logprobs(sequence, top, scored_ids);
+  }
+  StepOutput step(const StepInput& input) override {
+    steps_->push_back({input.prefill >= 0, input.decode.size(), input.prefill_budget});
+    return model_->step(input);
+  }
+  PageNeed pages_needed(const AttentionConfig& attention, int prompt_tokens,
+                        int max_new_tokens) const override {
+    return model_->pages_needed(attention, prompt_tokens, max_new_tokens);
+  }
+  bool prefill_slot_free() const override { return model_->prefill_slot_free(); }
+  KvPoolUsage pool_usage() const override { return model_->pool_usage(); }
+  int pages_held(SequenceId sequence) const override { return model_->pages_held(sequence); }
+  int position(SequenceId sequence) const override { return model_->position(sequence); }
+  bool prefilled(SequenceId sequence) const override { return model_->prefilled(sequence); }
+  bool compressed(SequenceId sequence) const override { return model_->compressed(sequence); }
+  const AttentionWork& attention_work(SequenceId sequence) const override {
+    return model_->attention_work(sequence);
+  }
+  int context_length() const override { return model_->context_length(); }
+  int num_layers() const override { return model_->num_layers(); }
+  const ModelConfig& config() const override { return model_->config(); }
+  std::string device_name() const override { return model_->device_name(); }
+
+ private:
+  std::unique_ptr<BatchModel> model_;
+  std::vector<Step>* steps_;
+};
+
 class SchedulerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -103,6 +149,27 @@ class SchedulerTest : public ::testing::Test {
   static GenerationResult alone(const SequenceRequest& r) {
     Transformer model(*weights_, 0, r.attention);
     return generate(model, *tokenizer_, r.prompt, r.generation);
+  }
+
+  // `first` and `second`, submitted together, on a model that writes down every step; each must
+  // stream the text it gets alone.
+  static std::vector<RecordingBatchModel::Step> recorded_steps(const SchedulerOptions& options,
+                                                               const SequenceRequest& first,
+                                                               const SequenceRequest& second) {
+    std::vector<RecordingBatchModel::Step> steps;
+    BatchModelOptions model_options;
+    model_options.pool_bytes = int64_t{64} << 20;
+    Scheduler scheduler(
+        std::make_unique<RecordingBatchModel>(make_batch_model(*weights_, model_options), &steps),
+        *tokenizer_, options);
+    auto first_stream = scheduler.submit(first);
+    auto second_stream = scheduler.submit(second);
+    const Answer first_answer = read_all(*first_stream);
+    const Answer second_answer = read_all(*second_stream);
+    scheduler.wait_idle();
+    EXPECT_EQ(first_answer.text, alone(first).text);
+    EXPECT_EQ(second_answer.text, alone(second).text);
+    return steps;
   }
 
   static ModelWeights* weights_;
@@ -368,80 +435,15 @@ TEST_F(SchedulerTest, AFullQueueRefusesWithItsOwnError) {
   EXPECT_EQ(scheduler->snapshot().pool.pages_used, 0);
 }
 
-}  // namespace
-}  // namespace entropyinfer::serve
-
-namespace entropyinfer::serve {
-namespace {
-
-// The batch model, with every step's prefill budget and decode rows written down (the scheduler
-// calls it from its one thread; read after wait_idle).
-class RecordingBatchModel : public BatchModel {
- public:
-  struct Step {
-    bool prefills = false;
-    size_t decoding = 0;
-    double budget = 0;
-  };
-  RecordingBatchModel(std::unique_ptr<BatchModel> model, std::vector<Step>* steps)
-      : model_(std::move(model)), steps_(steps) {}
-  SequenceId open(const AttentionConfig& attention, std::vector<int32_t> prompt,
-                  int max_new_tokens) override {
-    return model_->open(attention, std::move(prompt), max_new_tokens);
-  }
-  void close(SequenceId sequence) override { model_->close(sequence); }
-  void ask_prompt_logprobs(SequenceId sequence, int top, int scored_ids) override {
-    model_->ask_prompt_logprobs(sequence, top, scored_ids);
-  }
-  StepOutput step(const StepInput& input) override {
-    steps_->push_back({input.prefill >= 0, input.decode.size(), input.prefill_budget});
-    return model_->step(input);
-  }
-  PageNeed pages_needed(const AttentionConfig& attention, int prompt_tokens,
-                        int max_new_tokens) const override {
-    return model_->pages_needed(attention, prompt_tokens, max_new_tokens);
-  }
-  bool prefill_slot_free() const override { return model_->prefill_slot_free(); }
-  KvPoolUsage pool_usage() const override { return model_->pool_usage(); }
-  int pages_held(SequenceId sequence) const override { return model_->pages_held(sequence); }
-  int position(SequenceId sequence) const override { return model_->position(sequence); }
-  bool prefilled(SequenceId sequence) const override { return model_->prefilled(sequence); }
-  bool compressed(SequenceId sequence) const override { return model_->compressed(sequence); }
-  const AttentionWork& attention_work(SequenceId sequence) const override {
-    return model_->attention_work(sequence);
-  }
-  int context_length() const override { return model_->context_length(); }
-  int num_layers() const override { return model_->num_layers(); }
-  const ModelConfig& config() const override { return model_->config(); }
-  std::string device_name() const override { return model_->device_name(); }
-
- private:
-  std::unique_ptr<BatchModel> model_;
-  std::vector<Step>* steps_;
-};
-
 // A prefill gets the large budget while nothing decodes and the small one while others do, and
 // the text is the same either way.
 TEST_F(SchedulerTest, APrefillBesideDecodingStreamsTakesTheSmallBudget) {
-  std::vector<RecordingBatchModel::Step> steps;
   SchedulerOptions options;
   options.prefill_token_layers_per_step = int64_t{1} << 30;
   options.prefill_token_layers_while_decoding = 1;
   options.decode_wait_steps = 0;
-  BatchModelOptions model_options;
-  model_options.pool_bytes = int64_t{64} << 20;
-  Scheduler scheduler(
-      std::make_unique<RecordingBatchModel>(make_batch_model(*weights_, model_options), &steps),
-      *tokenizer_, options);
-  const SequenceRequest first = request("full", 20, 24);
-  const SequenceRequest second = request("entropy+snapkv", 30, 4);
-  auto first_stream = scheduler.submit(first);
-  auto second_stream = scheduler.submit(second);
-  const Answer first_answer = read_all(*first_stream);
-  const Answer second_answer = read_all(*second_stream);
-  scheduler.wait_idle();
-  EXPECT_EQ(first_answer.text, alone(first).text);
-  EXPECT_EQ(second_answer.text, alone(second).text);
+  const std::vector<RecordingBatchModel::Step> steps =
+      recorded_steps(options, request("full", 20, 24), request("entropy+snapkv", 30, 4));
   int alone_prefill_steps = 0, beside_prefill_steps = 0;
   for (const RecordingBatchModel::Step& step : steps) {
     if (!step.prefills) continue;
@@ -461,26 +463,13 @@ TEST_F(SchedulerTest, APrefillBesideDecodingStreamsTakesTheSmallBudget) {
 // While a prompt prefills, a lone answer sits out prefill steps instead of decoding beside each,
 // then decodes together with the prompt's answer; neither text changes.
 TEST_F(SchedulerTest, ALoneAnswerWaitsForAPrefillAndThenDecodesBesideIt) {
-  std::vector<RecordingBatchModel::Step> steps;
   SchedulerOptions options;
   options.prefill_token_layers_per_step = int64_t{1} << 30;
   options.prefill_token_layers_while_decoding = 1;
   options.decode_wait_steps = 1000;
   options.decode_wait_batch = 2;
-  BatchModelOptions model_options;
-  model_options.pool_bytes = int64_t{64} << 20;
-  Scheduler scheduler(
-      std::make_unique<RecordingBatchModel>(make_batch_model(*weights_, model_options), &steps),
-      *tokenizer_, options);
-  const SequenceRequest first = request("full", 20, 24);
-  const SequenceRequest second = request("entropy+snapkv", 30, 4);
-  auto first_stream = scheduler.submit(first);
-  auto second_stream = scheduler.submit(second);
-  const Answer first_answer = read_all(*first_stream);
-  const Answer second_answer = read_all(*second_stream);
-  scheduler.wait_idle();
-  EXPECT_EQ(first_answer.text, alone(first).text);
-  EXPECT_EQ(second_answer.text, alone(second).text);
+  const std::vector<RecordingBatchModel::Step> steps =
+      recorded_steps(options, request("full", 20, 24), request("entropy+snapkv", 30, 4));
   int waiting_prefill_steps = 0, pair_steps = 0;
   for (const RecordingBatchModel::Step& step : steps) {
     if (step.prefills) {
@@ -499,26 +488,13 @@ TEST_F(SchedulerTest, ALoneAnswerWaitsForAPrefillAndThenDecodesBesideIt) {
 // The wait has a limit: after sitting out that many prefill steps the lone answer decodes beside
 // the next one, and then waits again.
 TEST_F(SchedulerTest, AWaitingAnswerDecodesAfterItsStepsOfWaiting) {
-  std::vector<RecordingBatchModel::Step> steps;
   SchedulerOptions options;
   options.prefill_token_layers_per_step = int64_t{1} << 30;
   options.prefill_token_layers_while_decoding = 1;
   options.decode_wait_steps = 2;
   options.decode_wait_batch = 2;
-  BatchModelOptions model_options;
-  model_options.pool_bytes = int64_t{64} << 20;
-  Scheduler scheduler(
-      std::make_unique<RecordingBatchModel>(make_batch_model(*weights_, model_options), &steps),
-      *tokenizer_, options);
-  const SequenceRequest first = request("full", 20, 40);
-  const SequenceRequest second = request("entropy+snapkv", 30, 4);
-  auto first_stream = scheduler.submit(first);
-  auto second_stream = scheduler.submit(second);
-  const Answer first_answer = read_all(*first_stream);
-  const Answer second_answer = read_all(*second_stream);
-  scheduler.wait_idle();
-  EXPECT_EQ(first_answer.text, alone(first).text);
-  EXPECT_EQ(second_answer.text, alone(second).text);
+  const std::vector<RecordingBatchModel::Step> steps =
+      recorded_steps(options, request("full", 20, 40), request("entropy+snapkv", 30, 4));
   // The second prompt's prefill, a layer per step, beside the first answer: two steps without
   // it, one with it, over and over.
   std::string pattern;
