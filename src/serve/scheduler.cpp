@@ -370,11 +370,9 @@ void Scheduler::serve_loop() {
                                              : options_.prefill_token_layers_while_decoding);
     if (prefill != nullptr && !decoding.empty() &&
         static_cast<int>(decoding.size()) < options_.decode_wait_batch) {
-      const int waited = (*std::max_element(decoding.begin(), decoding.end(),
-                                            [](const Active* x, const Active* y) {
-                                              return x->steps_waited < y->steps_waited;
-                                            }))
-                             ->steps_waited;
+      const int waited = std::ranges::max(decoding, {}, [](const Active* a) {
+                           return a->steps_waited;
+                         })->steps_waited;
       if (waited < options_.decode_wait_steps) {
         for (Active* a : decoding) ++a->steps_waited;
         decoding.clear();
