@@ -505,5 +505,24 @@ TEST_F(SchedulerTest, AWaitingAnswerDecodesAfterItsStepsOfWaiting) {
   EXPECT_EQ(pattern, expected);
 }
 
+// A decode batch as large as `decode_wait_batch` never waits: it decodes beside every prefill step,
+// as many decoding streams do while a long prompt arrives.
+TEST_F(SchedulerTest, ADecodeBatchAtTheWaitBatchDecodesBesideEveryPrefillStep) {
+  SchedulerOptions options;
+  options.prefill_token_layers_per_step = int64_t{1} << 30;
+  options.prefill_token_layers_while_decoding = 1;
+  options.decode_wait_steps = 1000;
+  options.decode_wait_batch = 1;
+  const std::vector<RecordingBatchModel::Step> steps =
+      recorded_steps(options, request("full", 20, 24), request("entropy+snapkv", 30, 4));
+  int beside_prefill_steps = 0;
+  for (size_t i = 1; i < steps.size(); ++i) {
+    if (!steps[i].prefills) continue;
+    EXPECT_EQ(steps[i].decoding, 1u) << "step " << i << ": the answer sat out a prefill step";
+    ++beside_prefill_steps;
+  }
+  EXPECT_EQ(beside_prefill_steps, weights_->config.num_layers);
+}
+
 }  // namespace
 }  // namespace entropyinfer::serve
