@@ -151,6 +151,18 @@ class SchedulerTest : public ::testing::Test {
     return generate(model, *tokenizer_, r.prompt, r.generation);
   }
 
+  // A prompt prefilled alone in one step, and a layer per step while others decode; decode
+  // batches smaller than `wait_batch` sit out up to `wait_steps` of those steps.
+  static SchedulerOptions layer_per_step_options(
+      int wait_steps, int wait_batch = SchedulerOptions{}.decode_wait_batch) {
+    SchedulerOptions options;
+    options.prefill_token_layers_per_step = int64_t{1} << 30;
+    options.prefill_token_layers_while_decoding = 1;
+    options.decode_wait_steps = wait_steps;
+    options.decode_wait_batch = wait_batch;
+    return options;
+  }
+
   // `first` and `second`, submitted together, on a model that writes down every step; each must
   // stream the text it gets alone.
   static std::vector<RecordingBatchModel::Step> recorded_steps(const SchedulerOptions& options,
@@ -438,10 +450,7 @@ TEST_F(SchedulerTest, AFullQueueRefusesWithItsOwnError) {
 // A prefill gets the large budget while nothing decodes and the small one while others do, and
 // the text is the same either way.
 TEST_F(SchedulerTest, APrefillBesideDecodingStreamsTakesTheSmallBudget) {
-  SchedulerOptions options;
-  options.prefill_token_layers_per_step = int64_t{1} << 30;
-  options.prefill_token_layers_while_decoding = 1;
-  options.decode_wait_steps = 0;
+  const SchedulerOptions options = layer_per_step_options(0);
   const std::vector<RecordingBatchModel::Step> steps =
       recorded_steps(options, request("full", 20, 24), request("entropy+snapkv", 30, 4));
   int alone_prefill_steps = 0, beside_prefill_steps = 0;
@@ -463,11 +472,7 @@ TEST_F(SchedulerTest, APrefillBesideDecodingStreamsTakesTheSmallBudget) {
 // While a prompt prefills, a lone answer sits out prefill steps instead of decoding beside each,
 // then decodes together with the prompt's answer; neither text changes.
 TEST_F(SchedulerTest, ALoneAnswerWaitsForAPrefillAndThenDecodesBesideIt) {
-  SchedulerOptions options;
-  options.prefill_token_layers_per_step = int64_t{1} << 30;
-  options.prefill_token_layers_while_decoding = 1;
-  options.decode_wait_steps = 1000;
-  options.decode_wait_batch = 2;
+  const SchedulerOptions options = layer_per_step_options(1000, 2);
   const std::vector<RecordingBatchModel::Step> steps =
       recorded_steps(options, request("full", 20, 24), request("entropy+snapkv", 30, 4));
   int waiting_prefill_steps = 0, pair_steps = 0;
@@ -488,11 +493,7 @@ TEST_F(SchedulerTest, ALoneAnswerWaitsForAPrefillAndThenDecodesBesideIt) {
 // The wait has a limit: after sitting out that many prefill steps the lone answer decodes beside
 // the next one, and then waits again.
 TEST_F(SchedulerTest, AWaitingAnswerDecodesAfterItsStepsOfWaiting) {
-  SchedulerOptions options;
-  options.prefill_token_layers_per_step = int64_t{1} << 30;
-  options.prefill_token_layers_while_decoding = 1;
-  options.decode_wait_steps = 2;
-  options.decode_wait_batch = 2;
+  const SchedulerOptions options = layer_per_step_options(2, 2);
   const std::vector<RecordingBatchModel::Step> steps =
       recorded_steps(options, request("full", 20, 40), request("entropy+snapkv", 30, 4));
   // The second prompt's prefill, a layer per step, beside the first answer: two steps without
@@ -508,11 +509,7 @@ TEST_F(SchedulerTest, AWaitingAnswerDecodesAfterItsStepsOfWaiting) {
 // A decode batch as large as `decode_wait_batch` never waits: it decodes beside every prefill step,
 // as many decoding streams do while a long prompt arrives.
 TEST_F(SchedulerTest, ADecodeBatchAtTheWaitBatchDecodesBesideEveryPrefillStep) {
-  SchedulerOptions options;
-  options.prefill_token_layers_per_step = int64_t{1} << 30;
-  options.prefill_token_layers_while_decoding = 1;
-  options.decode_wait_steps = 1000;
-  options.decode_wait_batch = 1;
+  const SchedulerOptions options = layer_per_step_options(1000, 1);
   const std::vector<RecordingBatchModel::Step> steps =
       recorded_steps(options, request("full", 20, 24), request("entropy+snapkv", 30, 4));
   int beside_prefill_steps = 0;
