@@ -32,7 +32,8 @@ if [[ ! -f "${text_dir}/janeausten/emma.txt" ]]; then
   exit 1
 fi
 
-args=(--out "${out}" --text-dir "${text_dir}")
+# Shared by the main run and the side run; each adds its own --out.
+args=(--text-dir "${text_dir}")
 if [[ -n "${RESUME_FROM:-}" ]]; then
   if ! compgen -G "${RESUME_FROM}/model.tar.*" > /dev/null || [[ ! -f "${RESUME_FROM}/train_state.json" ]]; then
     echo "train_round: RESUME_FROM=${RESUME_FROM} holds no model.tar.* and train_state.json here: carry it, or run right after the call that kept it (KEEP_ROUND) while the machine is warm" >&2
@@ -49,16 +50,14 @@ fi
   side_pid=""
   if [[ -n "${SIDE_TRAIN_ARGS:-}" ]]; then
     side_out="$(mktemp -d)"
-    side_args=("${args[@]}")
-    side_args[1]="${side_out}"
     # shellcheck disable=SC2086
-    python3 -u training/train.py "${side_args[@]}" ${SIDE_TRAIN_ARGS} > "${out}/side-train.log" 2>&1 &
+    python3 -u training/train.py --out "${side_out}" "${args[@]}" ${SIDE_TRAIN_ARGS} > "${out}/side-train.log" 2>&1 &
     side_pid=$!
     echo "side run (pid ${side_pid}): ${SIDE_TRAIN_ARGS}"
   fi
   # TRAIN_ARGS is split into words on purpose.
   # shellcheck disable=SC2086
-  python3 -u training/train.py "${args[@]}" ${TRAIN_ARGS:-}
+  python3 -u training/train.py --out "${out}" "${args[@]}" ${TRAIN_ARGS:-}
   if [[ -n "${side_pid}" ]]; then
     wait "${side_pid}" || echo "side run failed: see side-train.log"
     sed -n '/=== summary ===/,$p' "${out}/side-train.log"
